@@ -1,0 +1,35 @@
+"""clover-cpu: a CPU runtime for Clover block-diffusion mixture-of-experts models."""
+
+from __future__ import annotations
+
+import os
+
+from . import _core
+
+__version__ = "0.1.0"
+
+
+def system_info() -> dict:
+    """Which kernel path (ISA) runs, on how many threads, and what the CPU reports."""
+    return _core.system_info()
+
+
+def set_num_threads(n: int) -> None:
+    """Threads for every kernel; 0 means one per physical core (the default)."""
+    _core.set_num_threads(int(n))
+
+
+def _init_threads() -> None:
+    value = os.environ.get("CLOVER_THREADS")
+    if value:
+        try:
+            n = int(value)
+        except ValueError:
+            raise ValueError(f"CLOVER_THREADS must be an integer, got {value!r}") from None
+        set_num_threads(n)
+
+
+_init_threads()
+system_info()  # choose the ISA now: a bad CLOVER_ISA fails at import, not mid-run
+
+__all__ = ["system_info", "set_num_threads", "__version__"]

@@ -1,0 +1,60 @@
+"""The quantized kernels: GGUF block formats, matrix products and the mixture-of-experts product.
+
+Weights are uint8 arrays of whole GGUF rows ([rows, row_bytes], or [experts, rows, row_bytes]);
+activations are float32. Every function raises ValueError on bad input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core
+
+FORMATS = {t["name"]: t for t in _core.type_table()}
+"""name -> {ggml_type, block_size, block_bytes} for every block format the kernels know."""
+
+
+def row_bytes(fmt: str, k: int) -> int:
+    """Bytes of one row of k weights in format fmt."""
+    t = FORMATS[fmt.lower()]
+    if k % t["block_size"]:
+        raise ValueError(f"row length {k} is not a multiple of the {fmt} block size {t['block_size']}")
+    return k // t["block_size"] * t["block_bytes"]
+
+
+def quantize(x: np.ndarray, fmt: str) -> np.ndarray:
+    """float32 [rows, k] -> uint8 [rows, row_bytes] in GGUF block layout (all threads)."""
+    return _core.quantize(x, fmt)
+
+
+def dequantize(data: np.ndarray, fmt: str) -> np.ndarray:
+    """uint8 [rows, row_bytes] -> float32 [rows, k]."""
+    return _core.dequantize(data, fmt)
+
+
+def matmul(x: np.ndarray, w: np.ndarray, fmt: str, *, isa: str | None = None) -> np.ndarray:
+    """y[M, N] = x[M, K] @ W[N, K]^T with W in format fmt; activations quantized on the fly."""
+    return _core.matmul(x, w, fmt, isa=isa)
+
+
+def moe(
+    x: np.ndarray,
+    ids: np.ndarray,
+    weights: np.ndarray,
+    gate: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    gate_fmt: str,
+    up_fmt: str | None = None,
+    down_fmt: str | None = None,
+    *,
+    isa: str | None = None,
+) -> tuple[np.ndarray, int]:
+    """sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = ids[t, j].
+
+    gate, up: [E, I, row_bytes(H)]; down: [E, H, row_bytes(I)]. Tokens are grouped per expert and
+    each used expert runs one GEMM. Returns (out [M, H], number of distinct experts used).
+    """
+    return _core.moe(
+        x, ids, weights, gate, up, down, gate_fmt, up_fmt or gate_fmt, down_fmt or gate_fmt, isa=isa
+    )

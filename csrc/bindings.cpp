@@ -1,0 +1,237 @@
+// Python bindings: every argument is checked here (dtype, contiguity, shapes, block multiples)
+// and raises ValueError; the GIL is released while kernels run.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <optional>
+#include <string>
+
+#include "dispatch.h"
+#include "ops.h"
+#include "quants.h"
+#include "threadpool.h"
+
+namespace py = pybind11;
+using namespace clover;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw py::value_error(msg); }
+
+const TypeInfo& parse_type(const std::string& name) {
+    std::string lower = name;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return (char)std::tolower(c); });
+    const TypeInfo* ti = type_info_by_name(lower.c_str());
+    if (!ti) fail("unknown format '" + name + "' (known: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)");
+    return *ti;
+}
+
+template <typename T>
+void check_array(const py::array& a, const char* what, int ndim, const char* dtype_name) {
+    if (!a.dtype().is(py::dtype::of<T>()))
+        fail(std::string(what) + " must have dtype " + dtype_name + ", got " + std::string(py::str(a.dtype())));
+    if (a.ndim() != ndim)
+        fail(std::string(what) + " must be " + std::to_string(ndim) + "-D, got " + std::to_string(a.ndim()) + "-D");
+    if (!(a.flags() & py::array::c_style)) fail(std::string(what) + " must be C-contiguous (use np.ascontiguousarray)");
+}
+
+const Kernels& kernels_arg(const std::optional<std::string>& isa) {
+    try {
+        return isa ? kernels_for(*isa) : active_kernels();
+    } catch (const std::invalid_argument& e) {
+        fail(e.what());
+    }
+}
+
+// A [rows, row_bytes] uint8 weight array of the given format: K follows from row_bytes.
+WeightView weight_view(const py::array& w, const TypeInfo& ti, const char* what) {
+    check_array<uint8_t>(w, what, 2, "uint8");
+    const size_t rb = (size_t)w.shape(1);
+    if (rb == 0 || rb % ti.block_bytes != 0)
+        fail(std::string(what) + ": row of " + std::to_string(rb) + " bytes is not a whole number of " + ti.name +
+             " blocks (" + std::to_string(ti.block_bytes) + " bytes each)");
+    return WeightView{ti.type, (const uint8_t*)w.data(), (int64_t)w.shape(0),
+                      (int64_t)(rb / ti.block_bytes) * ti.block_size, rb};
+}
+
+ExpertsView experts_view(const py::array& w, const TypeInfo& ti, const char* what) {
+    check_array<uint8_t>(w, what, 3, "uint8");
+    const size_t rb = (size_t)w.shape(2);
+    if (rb == 0 || rb % ti.block_bytes != 0)
+        fail(std::string(what) + ": row of " + std::to_string(rb) + " bytes is not a whole number of " + ti.name +
+             " blocks");
+    ExpertsView v;
+    v.w = WeightView{ti.type, (const uint8_t*)w.data(), (int64_t)w.shape(1),
+                     (int64_t)(rb / ti.block_bytes) * ti.block_size, rb};
+    v.n_expert = (int64_t)w.shape(0);
+    return v;
+}
+
+py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type) {
+    const TypeInfo& ti = parse_type(type);
+    check_array<float>(x, "x", 2, "float32");
+    const int64_t rows = x.shape(0), k = x.shape(1);
+    if (k % ti.block_size != 0)
+        fail("row length " + std::to_string(k) + " is not a multiple of the " + ti.name + " block size " +
+             std::to_string(ti.block_size));
+    const size_t rb = row_bytes(ti, k);
+    py::array_t<uint8_t> out({(py::ssize_t)rows, (py::ssize_t)rb});
+    const float* src = (const float*)x.data();
+    uint8_t* dst = out.mutable_data();
+    {
+        py::gil_scoped_release nogil;
+        const int64_t chunk = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, k));
+        const int64_t n_tasks = (rows + chunk - 1) / chunk;
+        pool()->run(n_tasks, [&](int64_t t, int) {
+            const int64_t r0 = t * chunk, r1 = std::min(rows, r0 + chunk);
+            quantize_rows(ti.type, src + r0 * k, dst + r0 * rb, r1 - r0, k);
+        });
+    }
+    return out;
+}
+
+py::array_t<float> py_dequantize(const py::array& data, const std::string& type) {
+    const TypeInfo& ti = parse_type(type);
+    const WeightView w = weight_view(data, ti, "data");
+    py::array_t<float> out({(py::ssize_t)w.rows, (py::ssize_t)w.k});
+    float* dst = out.mutable_data();
+    {
+        py::gil_scoped_release nogil;
+        const int64_t chunk = std::max<int64_t>(1, (1 << 16) / w.k);
+        pool()->run((w.rows + chunk - 1) / chunk, [&](int64_t t, int) {
+            const int64_t r0 = t * chunk, r1 = std::min(w.rows, r0 + chunk);
+            dequantize_rows(ti.type, w.data + r0 * w.row_bytes, dst + r0 * w.k, r1 - r0, w.k);
+        });
+    }
+    return out;
+}
+
+py::array_t<float> py_matmul(const py::array& x, const py::array& w, const std::string& type,
+                             const std::optional<std::string>& isa) {
+    const TypeInfo& ti = parse_type(type);
+    const Kernels& kr = kernels_arg(isa);
+    check_array<float>(x, "x", 2, "float32");
+    const WeightView W = weight_view(w, ti, "w");
+    if (x.shape(1) != W.k)
+        fail("x has " + std::to_string(x.shape(1)) + " columns but the weight rows hold " + std::to_string(W.k) +
+             " values");
+    const int64_t M = x.shape(0);
+    py::array_t<float> y({(py::ssize_t)M, (py::ssize_t)W.rows});
+    const float* X = (const float*)x.data();
+    float* Y = y.mutable_data();
+    if (M > 0 && W.rows > 0) {
+        py::gil_scoped_release nogil;
+        matmul(kr, W, X, M, Y);
+    }
+    return y;
+}
+
+py::tuple py_moe(const py::array& x, const py::array& ids, const py::array& weights, const py::array& gate,
+                 const py::array& up, const py::array& down, const std::string& gate_type, const std::string& up_type,
+                 const std::string& down_type, const std::optional<std::string>& isa) {
+    const Kernels& kr = kernels_arg(isa);
+    check_array<float>(x, "x", 2, "float32");
+    check_array<int32_t>(ids, "ids", 2, "int32");
+    check_array<float>(weights, "weights", 2, "float32");
+    const ExpertsView g = experts_view(gate, parse_type(gate_type), "gate");
+    const ExpertsView u = experts_view(up, parse_type(up_type), "up");
+    const ExpertsView d = experts_view(down, parse_type(down_type), "down");
+    const int64_t M = x.shape(0), H = x.shape(1);
+    if (g.w.k != H || u.w.k != H) fail("gate and up experts must take rows of " + std::to_string(H) + " (x columns)");
+    if (u.w.rows != g.w.rows || u.n_expert != g.n_expert) fail("gate and up experts must have the same shape");
+    if (d.n_expert != g.n_expert) fail("down must have as many experts as gate");
+    if (d.w.rows != H || d.w.k != g.w.rows)
+        fail("down experts must be [E, " + std::to_string(H) + ", " + std::to_string(g.w.rows) + "]");
+    if (act_format(g.w.type) != act_format(u.w.type)) fail("gate and up must use formats with the same activations");
+    if (ids.shape(0) != M || weights.shape(0) != M || ids.shape(1) != weights.shape(1))
+        fail("ids and weights must both be [" + std::to_string(M) + ", top_k]");
+    const int top_k = (int)ids.shape(1);
+    const int32_t* id = (const int32_t*)ids.data();
+    for (int64_t i = 0; i < M * top_k; i++)
+        if (id[i] < 0 || id[i] >= g.n_expert)
+            fail("expert id " + std::to_string(id[i]) + " out of range [0, " + std::to_string(g.n_expert) + ")");
+    py::array_t<float> out({(py::ssize_t)M, (py::ssize_t)H});
+    int n_used = 0;
+    const float* X = (const float*)x.data();
+    const float* wt = (const float*)weights.data();
+    float* O = out.mutable_data();
+    if (M > 0 && top_k > 0) {
+        py::gil_scoped_release nogil;
+        n_used = moe(kr, X, M, id, wt, top_k, g, u, d, O);
+    } else {
+        std::fill(O, O + M * H, 0.f);
+    }
+    return py::make_tuple(out, n_used);
+}
+
+py::dict py_system_info() {
+    const CpuFeatures f = cpu_features();
+    py::dict feats;
+    feats["avx2"] = f.avx2;
+    feats["fma"] = f.fma;
+    feats["f16c"] = f.f16c;
+    feats["avx512f"] = f.avx512f;
+    feats["neon"] = f.neon;
+    feats["dotprod"] = f.dotprod;
+    feats["i8mm"] = f.i8mm;
+    py::dict d;
+    d["isa"] = kernels_arg(std::nullopt).isa;
+    d["available_isas"] = available_isas();
+    d["threads"] = pool()->size();
+    d["default_threads"] = default_num_threads();
+    d["cpu_features"] = feats;
+#if defined(CLOVER_NATIVE)
+    d["native_build"] = true;
+#else
+    d["native_build"] = false;
+#endif
+    return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "clover-cpu kernels: GGUF block formats, quantized matrix products, mixture of experts";
+    m.def("system_info", &py_system_info, "ISA path, thread count and CPU features");
+    m.def(
+        "set_isa", [](const std::string& isa) {
+            try {
+                set_active_isa(isa);
+            } catch (const std::invalid_argument& e) {
+                fail(e.what());
+            }
+        },
+        py::arg("isa"));
+    m.def(
+        "set_num_threads",
+        [](int n) {
+            if (n < 0) fail("threads must be >= 0 (0 = one per physical core)");
+            py::gil_scoped_release nogil;
+            set_num_threads(n);
+        },
+        py::arg("n"));
+    m.def("num_threads", [] { return pool()->size(); });
+    m.def("quantize", &py_quantize, py::arg("x"), py::arg("type"));
+    m.def("dequantize", &py_dequantize, py::arg("data"), py::arg("type"));
+    m.def("matmul", &py_matmul, py::arg("x"), py::arg("w"), py::arg("type"), py::kw_only(),
+          py::arg("isa") = py::none());
+    m.def("moe", &py_moe, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("gate"), py::arg("up"),
+          py::arg("down"), py::arg("gate_type"), py::arg("up_type"), py::arg("down_type"), py::kw_only(),
+          py::arg("isa") = py::none());
+    m.def("type_table", [] {
+        py::list out;
+        for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}) {
+            const TypeInfo* t = type_info_by_name(n);
+            py::dict d;
+            d["name"] = t->name;
+            d["ggml_type"] = (int)t->type;
+            d["block_size"] = t->block_size;
+            d["block_bytes"] = t->block_bytes;
+            out.append(d);
+        }
+        return out;
+    });
+}

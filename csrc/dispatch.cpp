@@ -1,0 +1,95 @@
+// Picks the kernel table once, from what the CPU and OS report; CLOVER_ISA=ref|avx2|neon forces one.
+#include "dispatch.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+#if defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
+namespace clover {
+
+#if !defined(CLOVER_HAVE_AVX2)
+const Kernels* kernels_avx2() { return nullptr; }
+#endif
+#if !defined(CLOVER_HAVE_NEON)
+const Kernels* kernels_neon() { return nullptr; }
+#endif
+
+CpuFeatures cpu_features() {
+    CpuFeatures f;
+#if defined(__x86_64__) || defined(_M_X64)
+    __builtin_cpu_init();
+    // libgcc checks OSXSAVE/XCR0 before it reports AVX features as present.
+    f.avx2 = __builtin_cpu_supports("avx2");
+    f.fma = __builtin_cpu_supports("fma");
+    f.f16c = false;
+    unsigned a, b, c, d;
+    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    f.f16c = (c >> 29) & 1;
+    f.avx512f = __builtin_cpu_supports("avx512f");
+#elif defined(__aarch64__)
+    f.neon = true;  // Advanced SIMD is mandatory in AArch64
+#if defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP);
+    f.dotprod = (hw >> 20) & 1;  // HWCAP_ASIMDDP
+    const unsigned long hw2 = getauxval(AT_HWCAP2);
+    f.i8mm = (hw2 >> 13) & 1;  // HWCAP2_I8MM
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t len = sizeof(v);
+    if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, nullptr, 0) == 0) f.dotprod = v != 0;
+    v = 0;
+    if (sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &len, nullptr, 0) == 0) f.i8mm = v != 0;
+#endif
+#endif
+    return f;
+}
+
+std::vector<std::string> available_isas() {
+    std::vector<std::string> out = {"ref"};
+    const CpuFeatures f = cpu_features();
+    if (kernels_avx2() && f.avx2 && f.fma && f.f16c) out.push_back("avx2");
+    if (kernels_neon() && f.neon) out.push_back("neon");
+    return out;
+}
+
+const Kernels& kernels_for(const std::string& isa) {
+    bool ok = false;
+    for (const auto& name : available_isas()) ok = ok || name == isa;
+    if (!ok) {
+        std::string have;
+        for (const auto& name : available_isas()) have += (have.empty() ? "" : ", ") + name;
+        throw std::invalid_argument("ISA '" + isa + "' is not available on this CPU or build (available: " + have +
+                                    ")");
+    }
+    if (isa == "avx2") return *kernels_avx2();
+    if (isa == "neon") return *kernels_neon();
+    return kernels_ref();
+}
+
+namespace {
+const Kernels* g_active = nullptr;
+}
+
+const Kernels& active_kernels() {
+    if (!g_active) {
+        const char* env = std::getenv("CLOVER_ISA");
+        if (env && *env) {
+            g_active = &kernels_for(env);
+        } else {
+            g_active = &kernels_for(available_isas().back());  // the best one is listed last
+        }
+    }
+    return *g_active;
+}
+
+void set_active_isa(const std::string& isa) { g_active = &kernels_for(isa); }
+
+}  // namespace clover

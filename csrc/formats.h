@@ -1,0 +1,174 @@
+// ggml block formats, byte for byte as GGUF stores them (ggml-common.h), plus the
+// activation formats our integer kernels use internally.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace clover {
+
+constexpr int QK = 32;     // block of the legacy formats (Q4_0, Q8_0)
+constexpr int QK_K = 256;  // super-block of the k-quants
+
+// GGML type ids, as written in GGUF tensor infos.
+enum class Type : int32_t {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q8_0 = 8,
+    Q4_K = 12,
+    Q5_K = 13,
+    Q6_K = 14,
+    BF16 = 30,
+};
+
+// x = d * (q - 8), q in 0..15; low nibbles are weights 0..15, high nibbles 16..31.
+struct block_q4_0 {
+    uint16_t d;  // fp16
+    uint8_t qs[QK / 2];
+};
+static_assert(sizeof(block_q4_0) == 18, "block_q4_0 is 18 bytes");
+
+// x = d * q, q in -127..127.
+struct block_q8_0 {
+    uint16_t d;  // fp16
+    int8_t qs[QK];
+};
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0 is 34 bytes");
+
+// x = d * sc_j * q - dmin * m_j over 8 sub-blocks of 32; sc_j, m_j are 6-bit, packed in scales[12].
+// qs: 4 chunks of 32 bytes; chunk c holds sub-block 2c in low nibbles, 2c+1 in high nibbles.
+struct block_q4_K {
+    uint16_t d;     // fp16, scale of the sub-block scales
+    uint16_t dmin;  // fp16, scale of the sub-block mins
+    uint8_t scales[12];
+    uint8_t qs[QK_K / 2];
+};
+static_assert(sizeof(block_q4_K) == 144, "block_q4_K is 144 bytes");
+
+// As q4_K with a fifth bit per weight in qh (bit 2c / 2c+1 for chunk c, low / high nibble).
+struct block_q5_K {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+};
+static_assert(sizeof(block_q5_K) == 176, "block_q5_K is 176 bytes");
+
+// x = d * sc_j * (q - 32) over 16 sub-blocks of 16; q is 6 bits: 4 in ql, 2 in qh.
+struct block_q6_K {
+    uint8_t ql[QK_K / 2];
+    uint8_t qh[QK_K / 4];
+    int8_t scales[QK_K / 16];
+    uint16_t d;  // fp16
+};
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K is 210 bytes");
+
+// Activations for Q4_0 / Q8_0 weights: x ~= d * q, q in -127..127, fp32 scale (not stored in files).
+struct block_q8_a {
+    float d;
+    int8_t qs[QK];
+};
+static_assert(sizeof(block_q8_a) == 36, "block_q8_a is 36 bytes");
+
+// Activations for k-quant weights (ggml's block_q8_K): bsums[i] = sum of qs[16i .. 16i+15].
+struct block_q8_K {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+};
+static_assert(sizeof(block_q8_K) == 292, "block_q8_K is 292 bytes");
+
+struct TypeInfo {
+    Type type;
+    const char* name;
+    int block_size;   // weights per block
+    int block_bytes;  // bytes per block
+};
+
+// nullptr for a type id we do not support.
+const TypeInfo* type_info(int32_t type_id);
+const TypeInfo* type_info_by_name(const char* name);
+
+inline size_t row_bytes(const TypeInfo& ti, int64_t k) { return (size_t)(k / ti.block_size) * ti.block_bytes; }
+
+// The activation format a weight type multiplies against.
+enum class ActFormat { F32, Q8_A, Q8_K };
+ActFormat act_format(Type t);
+size_t act_row_bytes(Type t, int64_t k);
+
+// ---- half and bfloat16 conversion (IEEE round-to-nearest-even, as numpy and F16C do) ----
+
+inline float f32_from_bits(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline uint32_t bits_from_f32(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+inline float fp16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exp = (h >> 10) & 0x1f;
+    const uint32_t man = h & 0x3ff;
+    if (exp == 0) {
+        // zero or subnormal: man * 2^-24
+        const float v = (float)man * 5.9604644775390625e-08f;
+        return sign ? -v : v;
+    }
+    if (exp == 31) return f32_from_bits(sign | 0x7f800000u | (man << 13));
+    return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+inline uint16_t f32_to_fp16(float f) {
+    const uint32_t x = bits_from_f32(f);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) {  // inf or nan (nan stays quiet nan)
+        return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 | ((ax >> 13) & 0x3ff) : 0));
+    }
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);  // rounds to >= 65520: inf
+    if (ax < 0x38800000u) {
+        // result is subnormal or zero: round ax / 2^-24 to nearest even
+        if (ax < 0x33000000u) return sign;  // < 2^-25: rounds to zero
+        const uint32_t e = ax >> 23;
+        const uint32_t m = (ax & 0x7fffff) | 0x800000;
+        const uint32_t shift = 126 - e;  // 2^-24 unit: value = m * 2^(e-150)
+        uint32_t q = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1);
+        const uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    // normal: rebias and round the 13 dropped bits to nearest even
+    uint32_t r = ax - 0x38000000u;
+    r += 0xfff + ((r >> 13) & 1);
+    return (uint16_t)(sign | (r >> 13));
+}
+
+inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+
+// ggml_compute_fp32_to_bf16: quiet NaNs, round to nearest even.
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t u = bits_from_f32(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64);
+    return (uint16_t)(((uint64_t)u + (0x7fff + ((u >> 16) & 1))) >> 16);
+}
+
+// The 6-bit scale and min of sub-block j of a q4_K / q5_K super-block.
+inline void scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+}  // namespace clover

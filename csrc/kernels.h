@@ -1,0 +1,46 @@
+// The per-ISA kernel table. Each ISA file (kernels_ref.cpp, kernels_avx2.cpp, kernels_neon.cpp)
+// fills one; dispatch.cpp picks one at import.
+#pragma once
+
+#include "formats.h"
+
+namespace clover {
+
+// Y[m * ldy + n] = dot(W row n, X row m) for n in [n0, n1), m in [0, M).
+// W: weight rows of `w_row_bytes` bytes in GGUF layout; X: activation rows of `x_row_bytes` bytes in
+// act_format(type) (fp32, block_q8_a or block_q8_K); K: weights per row.
+using gemm_fn = void (*)(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K,
+                         int M, float* Y, int64_t ldy, int64_t n0, int64_t n1);
+
+struct Kernels {
+    const char* isa;
+    gemm_fn gemm_f32;
+    gemm_fn gemm_f16;
+    gemm_fn gemm_bf16;
+    gemm_fn gemm_q8_0;
+    gemm_fn gemm_q4_0;
+    gemm_fn gemm_q4_K;
+    gemm_fn gemm_q5_K;
+    gemm_fn gemm_q6_K;
+
+    gemm_fn gemm(Type t) const {
+        switch (t) {
+            case Type::F32: return gemm_f32;
+            case Type::F16: return gemm_f16;
+            case Type::BF16: return gemm_bf16;
+            case Type::Q8_0: return gemm_q8_0;
+            case Type::Q4_0: return gemm_q4_0;
+            case Type::Q4_K: return gemm_q4_K;
+            case Type::Q5_K: return gemm_q5_K;
+            case Type::Q6_K: return gemm_q6_K;
+        }
+        return nullptr;
+    }
+};
+
+const Kernels& kernels_ref();
+// Defined only in builds that compile the ISA file; null when the host compiler cannot target it.
+const Kernels* kernels_avx2();
+const Kernels* kernels_neon();
+
+}  // namespace clover

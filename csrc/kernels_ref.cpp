@@ -1,0 +1,152 @@
+// Scalar reference kernels: plain loops, exact integer block dots, the twin every SIMD path is
+// checked against.
+#include "kernels.h"
+
+namespace clover {
+
+namespace {
+
+template <typename Load>
+void gemm_float(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K, int M,
+                float* Y, int64_t ldy, int64_t n0, int64_t n1, Load load) {
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t* w = W + n * w_row_bytes;
+        for (int m = 0; m < M; m++) {
+            const float* x = (const float*)(X + m * x_row_bytes);
+            float sum = 0.f;
+            for (int64_t k = 0; k < K; k++) sum += load(w, k) * x[k];
+            Y[m * ldy + n] = sum;
+        }
+    }
+}
+
+void gemm_f32(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y, int64_t ldy,
+              int64_t n0, int64_t n1) {
+    gemm_float(W, wb, X, xb, K, M, Y, ldy, n0, n1, [](const uint8_t* w, int64_t k) { return ((const float*)w)[k]; });
+}
+
+void gemm_f16(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y, int64_t ldy,
+              int64_t n0, int64_t n1) {
+    gemm_float(W, wb, X, xb, K, M, Y, ldy, n0, n1,
+               [](const uint8_t* w, int64_t k) { return fp16_to_f32(((const uint16_t*)w)[k]); });
+}
+
+void gemm_bf16(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y, int64_t ldy,
+               int64_t n0, int64_t n1) {
+    gemm_float(W, wb, X, xb, K, M, Y, ldy, n0, n1,
+               [](const uint8_t* w, int64_t k) { return bf16_to_f32(((const uint16_t*)w)[k]); });
+}
+
+// Blocked integer dot: sum over blocks of (weight scale * act scale * integer dot).
+template <typename WBlock, typename BlockDot>
+void gemm_blocks(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t nb, int M,
+                 float* Y, int64_t ldy, int64_t n0, int64_t n1, BlockDot dot) {
+    for (int64_t n = n0; n < n1; n++) {
+        const WBlock* w = (const WBlock*)(W + n * w_row_bytes);
+        for (int m = 0; m < M; m++) {
+            const uint8_t* x = X + m * x_row_bytes;
+            float sum = 0.f;
+            for (int64_t b = 0; b < nb; b++) sum += dot(w[b], x, b);
+            Y[m * ldy + n] = sum;
+        }
+    }
+}
+
+void gemm_q8_0(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y, int64_t ldy,
+               int64_t n0, int64_t n1) {
+    gemm_blocks<block_q8_0>(W, wb, X, xb, K / QK, M, Y, ldy, n0, n1,
+                            [](const block_q8_0& w, const uint8_t* xr, int64_t b) {
+                                const block_q8_a& x = ((const block_q8_a*)xr)[b];
+                                int32_t s = 0;
+                                for (int j = 0; j < QK; j++) s += (int32_t)w.qs[j] * x.qs[j];
+                                return fp16_to_f32(w.d) * x.d * (float)s;
+                            });
+}
+
+void gemm_q4_0(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y, int64_t ldy,
+               int64_t n0, int64_t n1) {
+    gemm_blocks<block_q4_0>(W, wb, X, xb, K / QK, M, Y, ldy, n0, n1,
+                            [](const block_q4_0& w, const uint8_t* xr, int64_t b) {
+                                const block_q8_a& x = ((const block_q8_a*)xr)[b];
+                                int32_t s = 0;
+                                for (int j = 0; j < QK / 2; j++) {
+                                    s += ((w.qs[j] & 0xf) - 8) * x.qs[j];
+                                    s += ((w.qs[j] >> 4) - 8) * x.qs[j + QK / 2];
+                                }
+                                return fp16_to_f32(w.d) * x.d * (float)s;
+                            });
+}
+
+// q4_K / q5_K: sum_j d*sc_j*dot(q_j, x_j) - dmin*m_j*sum(x_j), the sums from q8_K bsums.
+template <bool FIVE_BIT>
+float dot_qk_super(const uint8_t* scales12, uint16_t dh, uint16_t dminh, const uint8_t* qs, const uint8_t* qh,
+                   const block_q8_K& x) {
+    int32_t sum_q = 0, sum_m = 0;
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        scale_min_k4(j, scales12, &sc, &m);
+        const uint8_t* q = qs + 32 * (j / 2);
+        const int shift = (j & 1) * 4;
+        int32_t s = 0;
+        for (int l = 0; l < 32; l++) {
+            int v = (q[l] >> shift) & 0xf;
+            if (FIVE_BIT) v += ((qh[l] >> j) & 1) << 4;
+            s += v * x.qs[32 * j + l];
+        }
+        sum_q += sc * s;
+        sum_m += m * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
+    }
+    return x.d * (fp16_to_f32(dh) * (float)sum_q - fp16_to_f32(dminh) * (float)sum_m);
+}
+
+void gemm_q4_K(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y, int64_t ldy,
+               int64_t n0, int64_t n1) {
+    gemm_blocks<block_q4_K>(W, wb, X, xb, K / QK_K, M, Y, ldy, n0, n1,
+                            [](const block_q4_K& w, const uint8_t* xr, int64_t b) {
+                                return dot_qk_super<false>(w.scales, w.d, w.dmin, w.qs, nullptr,
+                                                           ((const block_q8_K*)xr)[b]);
+                            });
+}
+
+void gemm_q5_K(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y, int64_t ldy,
+               int64_t n0, int64_t n1) {
+    gemm_blocks<block_q5_K>(W, wb, X, xb, K / QK_K, M, Y, ldy, n0, n1,
+                            [](const block_q5_K& w, const uint8_t* xr, int64_t b) {
+                                return dot_qk_super<true>(w.scales, w.d, w.dmin, w.qs, w.qh,
+                                                          ((const block_q8_K*)xr)[b]);
+                            });
+}
+
+// q6_K: d * sum_i sc_i * dot(q_i - 32, x_i) over 16 groups of 16.
+void gemm_q6_K(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y, int64_t ldy,
+               int64_t n0, int64_t n1) {
+    gemm_blocks<block_q6_K>(W, wb, X, xb, K / QK_K, M, Y, ldy, n0, n1,
+                            [](const block_q6_K& w, const uint8_t* xr, int64_t b) {
+                                const block_q8_K& x = ((const block_q8_K*)xr)[b];
+                                int32_t total = 0;
+                                for (int half = 0; half < 2; half++) {
+                                    const uint8_t* ql = w.ql + 64 * half;
+                                    const uint8_t* qh = w.qh + 32 * half;
+                                    const int8_t* sc = w.scales + 8 * half;
+                                    const int8_t* xq = x.qs + 128 * half;
+                                    for (int l = 0; l < 32; l++) {
+                                        const int is = l / 16;
+                                        const int q1 = (int)((ql[l] & 0xf) | ((qh[l] & 3) << 4)) - 32;
+                                        const int q2 = (int)((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                                        const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                                        const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                                        total += sc[is] * q1 * xq[l] + sc[is + 2] * q2 * xq[l + 32] +
+                                                 sc[is + 4] * q3 * xq[l + 64] + sc[is + 6] * q4 * xq[l + 96];
+                                    }
+                                }
+                                return fp16_to_f32(w.d) * x.d * (float)total;
+                            });
+}
+
+const Kernels REF = {"ref", gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, gemm_q4_0, gemm_q4_K, gemm_q5_K, gemm_q6_K};
+
+}  // namespace
+
+const Kernels& kernels_ref() { return REF; }
+
+}  // namespace clover

@@ -1,0 +1,161 @@
+#include "ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "quants.h"
+#include "threadpool.h"
+
+namespace clover {
+
+namespace {
+
+constexpr int64_t ROW_TILE = 16;   // task sizes are multiples of this many weight rows
+constexpr int64_t TOKEN_PANEL = 64;  // tokens per kernel call: a panel of activations stays in L2
+
+// Rows per task: about 4 tasks per thread so dynamic scheduling can balance, at least one tile.
+int64_t rows_per_task(int64_t rows, int n_threads, int64_t n_groups = 1) {
+    const int64_t want_tasks = std::max<int64_t>(1, 4 * n_threads / std::max<int64_t>(1, n_groups));
+    int64_t r = (rows + want_tasks - 1) / want_tasks;
+    r = (r + ROW_TILE - 1) / ROW_TILE * ROW_TILE;
+    return std::max<int64_t>(ROW_TILE, std::min<int64_t>(r, 256));
+}
+
+// Run the kernel over rows [n0, n1) of W for M activation rows, in token panels.
+void gemm_rows(gemm_fn fn, const WeightView& W, const uint8_t* Xq, size_t xrb, int64_t M, float* Y, int64_t ldy,
+               int64_t n0, int64_t n1) {
+    for (int64_t m0 = 0; m0 < M; m0 += TOKEN_PANEL) {
+        const int mc = (int)std::min<int64_t>(TOKEN_PANEL, M - m0);
+        fn(W.data, W.row_bytes, Xq + m0 * xrb, xrb, W.k, mc, Y + m0 * ldy, ldy, n0, n1);
+    }
+}
+
+inline float silu(float x) { return x / (1.f + std::exp(-x)); }
+
+}  // namespace
+
+void quantize_acts(Type t, const float* X, int64_t M, int64_t K, uint8_t* out) {
+    const size_t rb = act_row_bytes(t, K);
+    auto quantize_row = [&](int64_t m) {
+        switch (act_format(t)) {
+            case ActFormat::Q8_A:
+                quantize_act_q8_a(X + m * K, (block_q8_a*)(out + m * rb), K);
+                break;
+            case ActFormat::Q8_K:
+                quantize_act_q8_K(X + m * K, (block_q8_K*)(out + m * rb), K);
+                break;
+            case ActFormat::F32:
+                std::memcpy(out + m * rb, X + m * K, K * sizeof(float));
+                break;
+        }
+    };
+    if (M * K < (1 << 16)) {
+        for (int64_t m = 0; m < M; m++) quantize_row(m);
+    } else {
+        pool()->run(M, [&](int64_t m, int) { quantize_row(m); });
+    }
+}
+
+void matmul(const Kernels& kr, const WeightView& W, const float* X, int64_t M, float* Y) {
+    const size_t xrb = act_row_bytes(W.type, W.k);
+    thread_local std::vector<uint8_t> xq;
+    xq.resize(xrb * M);
+    quantize_acts(W.type, X, M, W.k, xq.data());
+    const uint8_t* Xq = xq.data();
+
+    auto p = pool();
+    const int64_t chunk = rows_per_task(W.rows, p->size());
+    const int64_t n_tasks = (W.rows + chunk - 1) / chunk;
+    const gemm_fn fn = kr.gemm(W.type);
+    p->run(n_tasks, [&](int64_t task, int) {
+        const int64_t n0 = task * chunk, n1 = std::min(W.rows, n0 + chunk);
+        gemm_rows(fn, W, Xq, xrb, M, Y, W.rows, n0, n1);
+    });
+}
+
+int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const float* weights, int top_k,
+        const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, float* out) {
+    const int64_t E = gate.n_expert;
+    const int64_t H = gate.w.k, I = gate.w.rows;
+    const int64_t n_slots = M * top_k;
+
+    // Group the (token, slot) pairs by expert: slots sorted by expert, stable in token order.
+    std::vector<int64_t> count(E + 1, 0), offset(E + 1, 0);
+    for (int64_t s = 0; s < n_slots; s++) count[ids[s]]++;
+    for (int64_t e = 0; e < E; e++) offset[e + 1] = offset[e] + count[e];
+    std::vector<int64_t> slot_pos(n_slots), pos_token(n_slots);
+    {
+        std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
+        for (int64_t s = 0; s < n_slots; s++) {
+            const int64_t p = fill[ids[s]]++;
+            slot_pos[s] = p;
+            pos_token[p] = s / top_k;
+        }
+    }
+    std::vector<int64_t> used;
+    for (int64_t e = 0; e < E; e++)
+        if (count[e] > 0) used.push_back(e);
+    // Busiest experts first, so the long tasks start early.
+    std::stable_sort(used.begin(), used.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
+
+    // Activations quantized once, then gathered in expert order.
+    const size_t xrb = act_row_bytes(gate.w.type, H);
+    std::vector<uint8_t> xq(xrb * M), xg(xrb * n_slots);
+    quantize_acts(gate.w.type, X, M, H, xq.data());
+    for (int64_t p = 0; p < n_slots; p++) std::memcpy(&xg[p * xrb], &xq[pos_token[p] * xrb], xrb);
+
+    auto pl = pool();
+    const int n_threads = pl->size();
+    const int64_t n_used = (int64_t)used.size();
+
+    // Phase 1: h = silu(gate(x)) * up(x) for every (expert, row chunk).
+    std::vector<float> g((size_t)n_slots * I), u((size_t)n_slots * I);
+    const gemm_fn gate_fn = kr.gemm(gate.w.type), up_fn = kr.gemm(up.w.type);
+    const int64_t chunk1 = rows_per_task(I, n_threads, n_used);
+    const int64_t per1 = (I + chunk1 - 1) / chunk1;
+    pl->run(n_used * per1, [&](int64_t task, int) {
+        const int64_t e = used[task / per1];
+        const int64_t n0 = (task % per1) * chunk1, n1 = std::min(I, n0 + chunk1);
+        const int64_t o = offset[e], ne = count[e];
+        gemm_rows(gate_fn, gate.expert(e), &xg[o * xrb], xrb, ne, &g[o * I], I, n0, n1);
+        gemm_rows(up_fn, up.expert(e), &xg[o * xrb], xrb, ne, &u[o * I], I, n0, n1);
+        for (int64_t t = o; t < o + ne; t++)
+            for (int64_t n = n0; n < n1; n++) g[t * I + n] = silu(g[t * I + n]) * u[t * I + n];
+    });
+
+    // Phase 2: down projections, written per slot.
+    const size_t hrb = act_row_bytes(down.w.type, I);
+    std::vector<uint8_t> hq(hrb * n_slots);
+    quantize_acts(down.w.type, g.data(), n_slots, I, hq.data());
+    std::vector<float> d((size_t)n_slots * H);
+    const gemm_fn down_fn = kr.gemm(down.w.type);
+    const int64_t chunk2 = rows_per_task(H, n_threads, n_used);
+    const int64_t per2 = (H + chunk2 - 1) / chunk2;
+    pl->run(n_used * per2, [&](int64_t task, int) {
+        const int64_t e = used[task / per2];
+        const int64_t n0 = (task % per2) * chunk2, n1 = std::min(H, n0 + chunk2);
+        gemm_rows(down_fn, down.expert(e), &hq[offset[e] * hrb], hrb, count[e], &d[offset[e] * H], H, n0, n1);
+    });
+
+    // Phase 3: weighted sum over each token's slots, in slot order (independent of threads).
+    auto combine = [&](int64_t t, int) {
+        float* o = out + t * H;
+        std::fill(o, o + H, 0.f);
+        for (int j = 0; j < top_k; j++) {
+            const float w = weights[t * top_k + j];
+            const float* src = &d[slot_pos[t * top_k + j] * H];
+            for (int64_t n = 0; n < H; n++) o[n] += w * src[n];
+        }
+    };
+    if (M * H < (1 << 15)) {
+        for (int64_t t = 0; t < M; t++) combine(t, 0);
+    } else {
+        pl->run(M, combine);
+    }
+    return (int)n_used;
+}
+
+}  // namespace clover

@@ -1,0 +1,40 @@
+// Matrix products over GGUF-format weights, and the grouped mixture-of-experts product.
+#pragma once
+
+#include "formats.h"
+#include "kernels.h"
+
+namespace clover {
+
+// A 2-D weight in GGUF layout: `rows` rows of `k` weights, each row `row_bytes` bytes.
+struct WeightView {
+    Type type;
+    const uint8_t* data;
+    int64_t rows;
+    int64_t k;
+    size_t row_bytes;
+};
+
+// Stacked experts [n_expert, rows, k]; expert e starts at data + e * rows * row_bytes.
+struct ExpertsView {
+    WeightView w;  // one expert's shape
+    int64_t n_expert;
+    WeightView expert(int64_t e) const {
+        WeightView v = w;
+        v.data = w.data + (size_t)e * (size_t)w.rows * w.row_bytes;
+        return v;
+    }
+};
+
+// Y[M, W.rows] = X[M, W.k] @ W^T; X float32 row-major. Activations are quantized on the fly.
+void matmul(const Kernels& kr, const WeightView& W, const float* X, int64_t M, float* Y);
+
+// out[M, H] = sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, j].
+// gate, up: [E, I, H]; down: [E, H, I]. Returns the number of distinct experts used.
+int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const float* weights, int top_k,
+        const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, float* out);
+
+// Quantize M activation rows of K floats into the format that weight type t multiplies against.
+void quantize_acts(Type t, const float* X, int64_t M, int64_t K, uint8_t* out);
+
+}  // namespace clover

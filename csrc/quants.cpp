@@ -1,0 +1,529 @@
+// Scalar quantizers and dequantizers. This file is compiled without ISA flags and with
+// -ffp-contract=off so that float results are the same as numpy's and ggml's reference code.
+#include "quants.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace clover {
+
+namespace {
+
+constexpr float GROUP_MAX_EPS = 1e-15f;  // ggml-quants.c: a group below this is all zero
+
+// Round to nearest, ties to even, via the float mantissa (ggml's nearest_int; |f| <= 2^22).
+inline int nearest_int(float f) {
+    const float v = f + 12582912.f;
+    int32_t i;
+    std::memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+// numpy's np_roundf in gguf.quants: round half away from zero.
+inline float round_away(float x) { return std::round(x); }
+
+// ---- Q8_0 and Q4_0, exactly as gguf.quants computes them ----
+
+void quantize_row_q8_0(const float* x, block_q8_0* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK; i++) {
+        const float* xb = x + i * QK;
+        float amax = 0.f;
+        for (int j = 0; j < QK; j++) amax = std::max(amax, std::fabs(xb[j]));
+        const float d = amax / 127.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        y[i].d = f32_to_fp16(d);
+        for (int j = 0; j < QK; j++) y[i].qs[j] = (int8_t)round_away(xb[j] * id);
+    }
+}
+
+void quantize_row_q4_0(const float* x, block_q4_0* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK; i++) {
+        const float* xb = x + i * QK;
+        float amax = 0.f, max = 0.f;  // max: the value with the largest magnitude, first one wins
+        for (int j = 0; j < QK; j++) {
+            if (amax < std::fabs(xb[j])) {
+                amax = std::fabs(xb[j]);
+                max = xb[j];
+            }
+        }
+        const float d = max / -8.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        y[i].d = f32_to_fp16(d);
+        for (int j = 0; j < QK / 2; j++) {
+            const int q0 = std::min(15, (int)(int8_t)(xb[j] * id + 8.5f));
+            const int q1 = std::min(15, (int)(int8_t)(xb[j + QK / 2] * id + 8.5f));
+            y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+// ---- k-quants: ggml's reference quantizers (ggml-quants.c) ----
+
+// Weighted least-squares fit of x ~= scale * L - min with L in 0..nmax, searching nstep
+// candidate scales around nmax / (max - min) (make_qkx2_quants).
+float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
+                       uint8_t* Laux, float rmin, float rdelta, int nstep) {
+    float min = x[0], max = x[0];
+    float sum_w = weights[0];
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; ++i) {
+        min = std::min(min, x[i]);
+        max = std::max(max, x[i]);
+        sum_w += weights[i];
+        sum_x += weights[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        std::memset(L, 0, n);
+        *the_min = -min;
+        return 0.f;
+    }
+    float iscale = nmax / (max - min);
+    float scale = 1 / iscale;
+    float best_error = 0;
+    for (int i = 0; i < n; ++i) {
+        const int l = nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)std::max(0, std::min(nmax, l));
+        const float diff = scale * L[i] + min - x[i];
+        best_error += weights[i] * diff * diff;
+    }
+    for (int is = 0; is <= nstep; ++is) {
+        iscale = (rmin + rdelta * is + nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = nearest_int(iscale * (x[i] - min));
+            l = std::max(0, std::min(nmax, l));
+            Laux[i] = (uint8_t)l;
+            const float w = weights[i];
+            sum_l += w * l;
+            sum_l2 += w * l * l;
+            sum_xl += w * l * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float cur_error = 0;
+            for (int i = 0; i < n; ++i) {
+                const float diff = this_scale * Laux[i] + this_min - x[i];
+                cur_error += weights[i] * diff * diff;
+            }
+            if (cur_error < best_error) {
+                std::memcpy(L, Laux, n);
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+// Symmetric fit x ~= scale * (L - nmax), refined over 18 candidate scales with weights x^2
+// (make_qx_quants with rmse_type 1, no importance matrix).
+float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        const float ax = std::fabs(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < GROUP_MAX_EPS) {
+        std::memset(L, 0, n);
+        return 0.f;
+    }
+    float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = nearest_int(iscale * x[i]);
+        l = std::max(-nmax, std::min(nmax - 1, l));
+        L[i] = (int8_t)(l + nmax);
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    float scale = suml2 != 0.f ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; ++is) {
+        if (is == 0) continue;
+        iscale = -(nmax + 0.1f * is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = nearest_int(iscale * x[i]);
+            l = std::max(-nmax, std::min(nmax - 1, l));
+            const float w = x[i] * x[i];
+            sumlx += w * x[i] * l;
+            suml2 += w * l * l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; ++i) {
+                const int l = nearest_int(iscale * x[i]);
+                L[i] = (int8_t)(nmax + std::max(-nmax, std::min(nmax - 1, l)));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+// Fit 8 sub-block (scale, min) pairs, quantize them to 6 bits against fp16 d / dmin, and
+// requantize the weights against the rounded scales (shared by q4_K and q5_K).
+void fit_k_superblock(const float* x, int nmax, uint16_t* d_out, uint16_t* dmin_out, uint8_t* scales12,
+                      uint8_t* L) {
+    uint8_t Laux[32];
+    float weights[32], mins[8], scales[8];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; ++j) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        const float av_x = std::sqrt(sum_x2 / 32);
+        for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
+        const float rmin = nmax == 15 ? -1.f : -0.5f;
+        const int nstep = nmax == 15 ? 20 : 15;
+        scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        max_scale = std::max(max_scale, scales[j]);
+        max_min = std::max(max_min, mins[j]);
+    }
+    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    std::memset(scales12, 0, 12);
+    for (int j = 0; j < 8; ++j) {
+        const uint8_t ls = (uint8_t)std::min(63, nearest_int(inv_scale * scales[j]));
+        const uint8_t lm = (uint8_t)std::min(63, nearest_int(inv_min * mins[j]));
+        if (j < 4) {
+            scales12[j] = ls;
+            scales12[j + 4] = lm;
+        } else {
+            scales12[j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
+            scales12[j - 4] |= (ls >> 4) << 6;
+            scales12[j] |= (lm >> 4) << 6;
+        }
+    }
+    *d_out = f32_to_fp16(max_scale / 63.f);
+    *dmin_out = f32_to_fp16(max_min / 63.f);
+    for (int j = 0; j < 8; ++j) {
+        uint8_t sc, m;
+        scale_min_k4(j, scales12, &sc, &m);
+        const float d = fp16_to_f32(*d_out) * sc;
+        if (d == 0.f) continue;
+        const float dm = fp16_to_f32(*dmin_out) * m;
+        for (int ii = 0; ii < 32; ++ii) {
+            const int l = nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)std::max(0, std::min(nmax, l));
+        }
+    }
+}
+
+void quantize_row_q4_K(const float* x, block_q4_K* y, int64_t k) {
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        fit_k_superblock(x, 15, &y[i].d, &y[i].dmin, y[i].scales, L);
+        uint8_t* q = y[i].qs;
+        for (int j = 0; j < QK_K; j += 64, q += 32)
+            for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+    }
+}
+
+void quantize_row_q5_K(const float* x, block_q5_K* y, int64_t k) {
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        fit_k_superblock(x, 31, &y[i].d, &y[i].dmin, y[i].scales, L);
+        std::memset(y[i].qh, 0, sizeof(y[i].qh));
+        uint8_t* ql = y[i].qs;
+        uint8_t m1 = 1, m2 = 2;
+        for (int n = 0; n < QK_K; n += 64, ql += 32, m1 <<= 2, m2 <<= 2) {
+            for (int j = 0; j < 32; ++j) {
+                int l1 = L[n + j], l2 = L[n + j + 32];
+                if (l1 > 15) {
+                    l1 -= 16;
+                    y[i].qh[j] |= m1;
+                }
+                if (l2 > 15) {
+                    l2 -= 16;
+                    y[i].qh[j] |= m2;
+                }
+                ql[j] = (uint8_t)(l1 | (l2 << 4));
+            }
+        }
+    }
+}
+
+void quantize_row_q6_K(const float* x, block_q6_K* y, int64_t k) {
+    int8_t L[QK_K];
+    float scales[QK_K / 16];
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        float max_scale = 0, max_abs_scale = 0;
+        for (int ib = 0; ib < QK_K / 16; ++ib) {
+            const float scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
+            scales[ib] = scale;
+            if (std::fabs(scale) > max_abs_scale) {
+                max_abs_scale = std::fabs(scale);
+                max_scale = scale;
+            }
+        }
+        if (max_abs_scale < GROUP_MAX_EPS) {
+            std::memset(&y[i], 0, sizeof(block_q6_K));
+            continue;
+        }
+        const float iscale = -128.f / max_scale;
+        y[i].d = f32_to_fp16(1 / iscale);
+        for (int ib = 0; ib < QK_K / 16; ++ib)
+            y[i].scales[ib] = (int8_t)std::min(127, nearest_int(iscale * scales[ib]));
+        for (int j = 0; j < QK_K / 16; ++j) {
+            const float d = fp16_to_f32(y[i].d) * y[i].scales[j];
+            if (d == 0.f) continue;
+            for (int ii = 0; ii < 16; ++ii) {
+                const int l = nearest_int(x[16 * j + ii] / d);
+                L[16 * j + ii] = (int8_t)(std::max(-32, std::min(31, l)) + 32);
+            }
+        }
+        uint8_t* ql = y[i].ql;
+        uint8_t* qh = y[i].qh;
+        for (int j = 0; j < QK_K; j += 128, ql += 64, qh += 32) {
+            for (int l = 0; l < 32; ++l) {
+                const uint8_t q1 = L[j + l] & 0xf, q2 = L[j + l + 32] & 0xf;
+                const uint8_t q3 = L[j + l + 64] & 0xf, q4 = L[j + l + 96] & 0xf;
+                ql[l] = (uint8_t)(q1 | (q3 << 4));
+                ql[l + 32] = (uint8_t)(q2 | (q4 << 4));
+                qh[l] = (uint8_t)((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) |
+                                  ((L[j + l + 96] >> 4) << 6));
+            }
+        }
+    }
+}
+
+// ---- dequantizers ----
+
+void dequantize_row_q4_0(const block_q4_0* x, float* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK; i++) {
+        const float d = fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK / 2; j++) {
+            y[i * QK + j] = d * (float)((x[i].qs[j] & 0xf) - 8);
+            y[i * QK + j + QK / 2] = d * (float)((x[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+void dequantize_row_q8_0(const block_q8_0* x, float* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK; i++) {
+        const float d = fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK; j++) y[i * QK + j] = d * (float)x[i].qs[j];
+    }
+}
+
+void dequantize_row_q4_K(const block_q4_K* x, float* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = fp16_to_f32(x[i].d), dmin = fp16_to_f32(x[i].dmin);
+        const uint8_t* q = x[i].qs;
+        for (int j = 0; j < 8; j += 2, q += 32) {
+            uint8_t sc, m;
+            scale_min_k4(j, x[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            scale_min_k4(j + 1, x[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; ++l) *y++ = d1 * (float)(q[l] & 0xf) - m1;
+            for (int l = 0; l < 32; ++l) *y++ = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+void dequantize_row_q5_K(const block_q5_K* x, float* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = fp16_to_f32(x[i].d), dmin = fp16_to_f32(x[i].dmin);
+        const uint8_t* ql = x[i].qs;
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0; j < 8; j += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
+            uint8_t sc, m;
+            scale_min_k4(j, x[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            scale_min_k4(j + 1, x[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; ++l) *y++ = d1 * (float)((ql[l] & 0xf) + (x[i].qh[l] & u1 ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; ++l) *y++ = d2 * (float)((ql[l] >> 4) + (x[i].qh[l] & u2 ? 16 : 0)) - m2;
+        }
+    }
+}
+
+void dequantize_row_q6_K(const block_q6_K* x, float* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = fp16_to_f32(x[i].d);
+        const uint8_t* ql = x[i].ql;
+        const uint8_t* qh = x[i].qh;
+        const int8_t* sc = x[i].scales;
+        for (int n = 0; n < QK_K; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
+            for (int l = 0; l < 32; ++l) {
+                const int is = l / 16;
+                const int q1 = (int)((ql[l] & 0xf) | ((qh[l] & 3) << 4)) - 32;
+                const int q2 = (int)((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l] = d * sc[is] * q1;
+                y[l + 32] = d * sc[is + 2] * q2;
+                y[l + 64] = d * sc[is + 4] * q3;
+                y[l + 96] = d * sc[is + 6] * q4;
+            }
+        }
+    }
+}
+
+const TypeInfo TYPES[] = {
+    {Type::F32, "f32", 1, 4},
+    {Type::F16, "f16", 1, 2},
+    {Type::BF16, "bf16", 1, 2},
+    {Type::Q8_0, "q8_0", QK, (int)sizeof(block_q8_0)},
+    {Type::Q4_0, "q4_0", QK, (int)sizeof(block_q4_0)},
+    {Type::Q4_K, "q4_k", QK_K, (int)sizeof(block_q4_K)},
+    {Type::Q5_K, "q5_k", QK_K, (int)sizeof(block_q5_K)},
+    {Type::Q6_K, "q6_k", QK_K, (int)sizeof(block_q6_K)},
+};
+
+}  // namespace
+
+const TypeInfo* type_info(int32_t type_id) {
+    for (const auto& t : TYPES)
+        if ((int32_t)t.type == type_id) return &t;
+    return nullptr;
+}
+
+const TypeInfo* type_info_by_name(const char* name) {
+    for (const auto& t : TYPES)
+        if (std::strcmp(t.name, name) == 0) return &t;
+    return nullptr;
+}
+
+ActFormat act_format(Type t) {
+    switch (t) {
+        case Type::Q4_0:
+        case Type::Q8_0:
+            return ActFormat::Q8_A;
+        case Type::Q4_K:
+        case Type::Q5_K:
+        case Type::Q6_K:
+            return ActFormat::Q8_K;
+        default:
+            return ActFormat::F32;
+    }
+}
+
+size_t act_row_bytes(Type t, int64_t k) {
+    switch (act_format(t)) {
+        case ActFormat::Q8_A:
+            return (size_t)(k / QK) * sizeof(block_q8_a);
+        case ActFormat::Q8_K:
+            return (size_t)(k / QK_K) * sizeof(block_q8_K);
+        default:
+            return (size_t)k * sizeof(float);
+    }
+}
+
+void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t k) {
+    const TypeInfo* ti = type_info((int32_t)t);
+    const size_t rb = row_bytes(*ti, k);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float* x = src + r * k;
+        uint8_t* y = (uint8_t*)dst + r * rb;
+        switch (t) {
+            case Type::F32:
+                std::memcpy(y, x, k * 4);
+                break;
+            case Type::F16:
+                for (int64_t j = 0; j < k; j++) ((uint16_t*)y)[j] = f32_to_fp16(x[j]);
+                break;
+            case Type::BF16:
+                for (int64_t j = 0; j < k; j++) ((uint16_t*)y)[j] = f32_to_bf16(x[j]);
+                break;
+            case Type::Q8_0:
+                quantize_row_q8_0(x, (block_q8_0*)y, k);
+                break;
+            case Type::Q4_0:
+                quantize_row_q4_0(x, (block_q4_0*)y, k);
+                break;
+            case Type::Q4_K:
+                quantize_row_q4_K(x, (block_q4_K*)y, k);
+                break;
+            case Type::Q5_K:
+                quantize_row_q5_K(x, (block_q5_K*)y, k);
+                break;
+            case Type::Q6_K:
+                quantize_row_q6_K(x, (block_q6_K*)y, k);
+                break;
+        }
+    }
+}
+
+void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_t k) {
+    const TypeInfo* ti = type_info((int32_t)t);
+    const size_t rb = row_bytes(*ti, k);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t* x = (const uint8_t*)src + r * rb;
+        float* y = dst + r * k;
+        switch (t) {
+            case Type::F32:
+                std::memcpy(y, x, k * 4);
+                break;
+            case Type::F16:
+                for (int64_t j = 0; j < k; j++) y[j] = fp16_to_f32(((const uint16_t*)x)[j]);
+                break;
+            case Type::BF16:
+                for (int64_t j = 0; j < k; j++) y[j] = bf16_to_f32(((const uint16_t*)x)[j]);
+                break;
+            case Type::Q8_0:
+                dequantize_row_q8_0((const block_q8_0*)x, y, k);
+                break;
+            case Type::Q4_0:
+                dequantize_row_q4_0((const block_q4_0*)x, y, k);
+                break;
+            case Type::Q4_K:
+                dequantize_row_q4_K((const block_q4_K*)x, y, k);
+                break;
+            case Type::Q5_K:
+                dequantize_row_q5_K((const block_q5_K*)x, y, k);
+                break;
+            case Type::Q6_K:
+                dequantize_row_q6_K((const block_q6_K*)x, y, k);
+                break;
+        }
+    }
+}
+
+// Activations: symmetric int8 with q = round_half_even(x / d), d = amax / 127. The same
+// arithmetic on every ISA, so integer kernels can be compared exactly.
+void quantize_act_q8_a(const float* x, block_q8_a* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK; i++) {
+        const float* xb = x + i * QK;
+        float amax = 0.f;
+        for (int j = 0; j < QK; j++) amax = std::max(amax, std::fabs(xb[j]));
+        const float d = amax / 127.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        y[i].d = d;
+        for (int j = 0; j < QK; j++) y[i].qs[j] = (int8_t)std::nearbyint(xb[j] * id);
+    }
+}
+
+void quantize_act_q8_K(const float* x, block_q8_K* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float* xb = x + i * QK_K;
+        float amax = 0.f;
+        for (int j = 0; j < QK_K; j++) amax = std::max(amax, std::fabs(xb[j]));
+        const float d = amax / 127.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        y[i].d = d;
+        for (int j = 0; j < QK_K; j++) y[i].qs[j] = (int8_t)std::nearbyint(xb[j] * id);
+        for (int g = 0; g < QK_K / 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += y[i].qs[16 * g + j];
+            y[i].bsums[g] = (int16_t)s;
+        }
+    }
+}
+
+}  // namespace clover

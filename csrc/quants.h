@@ -1,0 +1,20 @@
+// Quantizers and dequantizers for the GGUF block formats (scalar; the file-format reference).
+#pragma once
+
+#include "formats.h"
+
+namespace clover {
+
+// Quantize n_rows rows of k floats (k a multiple of the block size) into dst. Matches
+// gguf.quants byte for byte for Q8_0, Q4_0, F16 and BF16, and ggml's reference quantizers
+// (quantize_row_*_ref) for Q4_K, Q5_K and Q6_K.
+void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t k);
+
+// Dequantize n_rows rows of k weights into fp32.
+void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_t k);
+
+// Activation quantizers shared by every ISA so that all paths see identical integer inputs.
+void quantize_act_q8_a(const float* x, block_q8_a* y, int64_t k);
+void quantize_act_q8_K(const float* x, block_q8_K* y, int64_t k);
+
+}  // namespace clover

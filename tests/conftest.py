@@ -1,0 +1,37 @@
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import clover_cpu
+
+# Test modules import shared helpers from here (pytest runs with --import-mode=importlib).
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def pytest_report_header(config):
+    info = clover_cpu.system_info()
+    return f"clover-cpu kernels: {info['isa']} (available {info['available_isas']}), threads {info['threads']}"
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def check_close(actual, expected, tol, what=""):
+    """Assert max|a - e| <= tol * max(|e|, tiny); on failure print the first mismatches (llm.c style)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    scale = max(float(np.abs(expected).max(initial=0.0)), 1e-30)
+    diff = np.abs(actual - expected)
+    bad = diff > tol * scale
+    if bad.any():
+        idx = np.argwhere(bad)[:5]
+        lines = [f"  at {tuple(i)}: got {actual[tuple(i)]!r}, want {expected[tuple(i)]!r}" for i in idx]
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.size} values off; max diff {diff.max():.3e} "
+            f"(tolerance {tol:.1e} x {scale:.3e})\n" + "\n".join(lines)
+        )

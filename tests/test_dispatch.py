@@ -1,0 +1,63 @@
+"""Run-time ISA choice, the CLOVER_ISA override, and `clover-cpu info --system`."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+import clover_cpu
+
+
+def run(code, **env):
+    e = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e)
+
+
+def test_system_info_fields():
+    info = clover_cpu.system_info()
+    assert info["isa"] in info["available_isas"]
+    assert info["available_isas"][0] == "ref"
+    assert info["threads"] >= 1 and info["default_threads"] >= 1
+    if platform.machine() in ("x86_64", "AMD64") and info["cpu_features"]["avx2"] and info["cpu_features"]["fma"]:
+        assert "avx2" in info["available_isas"] and info["isa"] == "avx2"
+    if platform.machine() in ("aarch64", "arm64"):
+        assert info["isa"] == "neon"
+
+
+@pytest.mark.parametrize("isa", clover_cpu.system_info()["available_isas"])
+def test_env_forces_isa(isa):
+    r = run("import clover_cpu; print(clover_cpu.system_info()['isa'])", CLOVER_ISA=isa)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == isa
+
+
+def test_env_unavailable_isa_is_clear_error():
+    bad = "neon" if platform.machine() in ("x86_64", "AMD64") else "avx2"
+    r = run("import clover_cpu", CLOVER_ISA=bad)
+    assert r.returncode != 0
+    assert f"ISA '{bad}' is not available" in r.stderr
+
+
+def test_env_threads():
+    r = run("import clover_cpu; print(clover_cpu.system_info()['threads'])", CLOVER_THREADS="3")
+    assert r.stdout.strip() == "3", r.stderr
+
+
+def test_cli_info_system():
+    r = subprocess.run([sys.executable, "-m", "clover_cpu", "info", "--system", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["isa"] == clover_cpu.system_info()["isa"]
+    r = subprocess.run([sys.executable, "-m", "clover_cpu", "info", "--system"], capture_output=True, text=True)
+    assert "kernels:" in r.stdout and "threads:" in r.stdout
+
+
+def test_cli_errors_are_one_line():
+    r = subprocess.run([sys.executable, "-m", "clover_cpu", "info"], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "error" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "clover_cpu"], capture_output=True, text=True)
+    assert r.returncode == 2 and "usage" in r.stdout

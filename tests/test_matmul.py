@@ -1,0 +1,138 @@
+"""Quantized matrix products: every ISA against the scalar path and against a float64 reference."""
+
+import numpy as np
+import pytest
+
+import clover_cpu
+from clover_cpu import kernels
+
+from conftest import check_close
+
+ISAS = clover_cpu.system_info()["available_isas"]
+SIMD_ISAS = [i for i in ISAS if i != "ref"]
+FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
+BLOCK = {f: kernels.FORMATS[f]["block_size"] for f in FORMATS}
+
+# vs float64 on the dequantized weights: float formats see rounding only; integer formats also see
+# the int8 quantization of the activations (relative to the largest output).
+TOL_FLOAT64 = {"f32": 1e-5, "f16": 1e-5, "bf16": 1e-5, "q8_0": 3e-2, "q4_0": 3e-2, "q4_k": 3e-2, "q5_k": 3e-2, "q6_k": 3e-2}
+# SIMD vs scalar: the same integer block dots, only the float summation order differs.
+TOL_VS_REF = 2e-5
+
+
+def make(rng, fmt, n, k, scale=1.0):
+    w = (rng.standard_normal((n, k)) * scale).astype(np.float32)
+    q = kernels.quantize(w, fmt)
+    return q, kernels.dequantize(q, fmt).astype(np.float64)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 33])
+def test_matmul_vs_float64(fmt, m, rng):
+    k = 2 * 256
+    q, wd = make(rng, fmt, 19, k)  # 19 rows: not a multiple of any tile
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    want = x.astype(np.float64) @ wd.T
+    for isa in ISAS:
+        check_close(kernels.matmul(x, q, fmt, isa=isa), want, TOL_FLOAT64[fmt], f"{fmt} {isa} M={m}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 4, 7, 64, 130])
+def test_simd_equals_scalar(fmt, m, rng):
+    if not SIMD_ISAS:
+        pytest.skip("no SIMD path on this machine")
+    k = 4 * 256
+    q, _ = make(rng, fmt, 37, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    ref = kernels.matmul(x, q, fmt, isa="ref")
+    for isa in SIMD_ISAS:
+        check_close(kernels.matmul(x, q, fmt, isa=isa), ref, TOL_VS_REF, f"{fmt} {isa} vs ref M={m}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_smallest_k_one_row(fmt, rng):
+    k = BLOCK[fmt] if BLOCK[fmt] > 1 else 8
+    q, wd = make(rng, fmt, 1, k)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    want = x.astype(np.float64) @ wd.T
+    for isa in ISAS:
+        check_close(kernels.matmul(x, q, fmt, isa=isa), want, TOL_FLOAT64[fmt], f"{fmt} {isa} K={k}")
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("k", [1, 7, 9, 31])
+def test_float_formats_any_k(fmt, k, rng):
+    q, wd = make(rng, fmt, 5, k)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    for isa in ISAS:
+        check_close(kernels.matmul(x, q, fmt, isa=isa), x.astype(np.float64) @ wd.T, 1e-5, f"{fmt} {isa} K={k}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_adversarial(fmt, rng):
+    k = 512
+    for isa in ISAS:
+        # all-zero weights and activations give exact zeros
+        zq = kernels.quantize(np.zeros((6, k), np.float32), fmt)
+        assert not kernels.matmul(rng.standard_normal((3, k)).astype(np.float32), zq, fmt, isa=isa).any()
+        q, wd = make(rng, fmt, 6, k)
+        assert not kernels.matmul(np.zeros((3, k), np.float32), q, fmt, isa=isa).any()
+        # large values (weights ~1e3, activations ~1e4): relative error unchanged
+        q, wd = make(rng, fmt, 6, k, scale=1e3)
+        x = (rng.standard_normal((5, k)) * 1e4).astype(np.float32)
+        check_close(kernels.matmul(x, q, fmt, isa=isa), x.astype(np.float64) @ wd.T, TOL_FLOAT64[fmt], f"{fmt} {isa} large")
+        # one dominant activation per block, the rest tiny
+        x = np.where(np.arange(k) % 32 == 5, 100.0, 1e-3 * rng.standard_normal((2, k))).astype(np.float32)
+        check_close(kernels.matmul(x, q, fmt, isa=isa), x.astype(np.float64) @ wd.T, TOL_FLOAT64[fmt], f"{fmt} {isa} spiky")
+
+
+def test_extreme_quants_no_overflow(rng):
+    """Largest integer products the formats allow do not saturate the int16 pair sums."""
+    k = 256
+    x = np.full((2, k), 1.0, np.float32)
+    x[1] = -1.0
+    for fmt in ["q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]:
+        w = np.where(np.arange(k) % 2 == 0, 1.0, -1.0)[None, :].repeat(3, 0).astype(np.float32)
+        w[1] = 1.0
+        w[2] = -1.0
+        q = kernels.quantize(w, fmt)
+        want = x.astype(np.float64) @ kernels.dequantize(q, fmt).astype(np.float64).T
+        for isa in ISAS:
+            check_close(kernels.matmul(x, q, fmt, isa=isa), want, 1e-5, f"{fmt} {isa} extremes")
+
+
+def test_q8_0_minus_128(rng):
+    """A file may hold -128 in a Q8_0 block (the quantizer never writes it); the kernels must agree."""
+    k = 64
+    q = kernels.quantize(rng.standard_normal((2, k)).astype(np.float32), "q8_0")
+    q[:, 2:34] = np.frombuffer(np.full(32, -128, np.int8).tobytes(), np.uint8)
+    wd = kernels.dequantize(q, "q8_0").astype(np.float64)
+    x = np.full((3, k), 127.0, np.float32)
+    for isa in ISAS:
+        check_close(kernels.matmul(x, q, "q8_0", isa=isa), x.astype(np.float64) @ wd.T, 1e-5, f"q8_0 {isa} -128")
+
+
+def test_threads_do_not_change_results(rng):
+    q, _ = make(rng, "q4_k", 200, 1024)
+    x = rng.standard_normal((9, 1024)).astype(np.float32)
+    before = clover_cpu.system_info()["threads"]
+    try:
+        clover_cpu.set_num_threads(1)
+        one = kernels.matmul(x, q, "q4_k")
+        clover_cpu.set_num_threads(3)
+        three = kernels.matmul(x, q, "q4_k")
+    finally:
+        clover_cpu.set_num_threads(before)
+    np.testing.assert_array_equal(one, three)  # rows are split across threads, never a dot product
+
+
+def test_large_m_and_n(rng):
+    q, wd = make(rng, "q4_0", 300, 256)
+    x = rng.standard_normal((512, 256)).astype(np.float32)
+    check_close(kernels.matmul(x, q, "q4_0"), x.astype(np.float64) @ wd.T, 3e-2, "q4_0 M=512")
+
+
+def test_empty_inputs(rng):
+    q, _ = make(rng, "q4_k", 4, 256)
+    assert kernels.matmul(np.zeros((0, 256), np.float32), q, "q4_k").shape == (0, 4)
