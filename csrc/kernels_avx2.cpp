@@ -3,6 +3,9 @@
 // reused for RN tokens; int8 products with vpmaddubsw (u8 x s8 -> s16 pairs) and vpmaddwd.
 #include <immintrin.h>
 
+#include <cstring>
+#include <type_traits>
+
 #include "kernels.h"
 
 namespace clover {
@@ -24,6 +27,13 @@ inline int32_t hsum_i32(__m128i v) {
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
 
+// Software prefetch of the weight stream: without it, out-of-cache GEMV ran at a third of the
+// in-L2 speed here (the kernels consume too slowly for the hardware prefetcher to run ahead).
+constexpr int PREFETCH_BYTES = 1536;
+inline void prefetch_block(const void* p, int bytes) {
+    for (int off = 0; off < bytes; off += 64) _mm_prefetch((const char*)p + PREFETCH_BYTES + off, _MM_HINT_T0);
+}
+
 struct Args {
     const uint8_t* W;
     size_t wrb;
@@ -34,7 +44,7 @@ struct Args {
     int64_t ldy;
 };
 
-// Tiles over the output: RM = 4 rows for one token (GEMV), 2 rows x up to 4 tokens otherwise.
+// Tiles over the output: RM weight rows x RN <= 4 tokens.
 template <int RM, template <int, int> class T>
 void tokens(const Args& a, int64_t n, int M) {
     int m = 0;
@@ -46,15 +56,16 @@ void tokens(const Args& a, int64_t n, int M) {
     }
 }
 
-template <template <int, int> class T>
+// RM_GEMV rows per tile for one token; RM_GEMM rows x up to 4 tokens otherwise.
+template <template <int, int> class T, int RM_GEMV, int RM_GEMM>
 void gemm_tiled(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
                 int64_t n0, int64_t n1) {
     const Args a{W, wrb, X, xrb, K, Y, ldy};
     int64_t n = n0;
     if (M == 1) {
-        for (; n + 4 <= n1; n += 4) T<4, 1>::run(a, n, 0);
+        for (; n + RM_GEMV <= n1; n += RM_GEMV) T<RM_GEMV, 1>::run(a, n, 0);
     } else {
-        for (; n + 2 <= n1; n += 2) tokens<2, T>(a, n, M);
+        for (; n + RM_GEMM <= n1; n += RM_GEMM) tokens<RM_GEMM, T>(a, n, M);
     }
     for (; n < n1; n++) tokens<1, T>(a, n, M);
 }
@@ -117,6 +128,7 @@ using TileBF16 = TileFloat<LoadBF16>::T<RM, RN>;
 // ---- Q8_0 and Q4_0 weights against block_q8_a activations ----
 
 struct UnpackQ8_0 {
+    static constexpr int BYTES = sizeof(block_q8_0);
     static __m256i load(const uint8_t* row, int64_t b, float* d) {
         const block_q8_0* blk = (const block_q8_0*)row + b;
         *d = half(blk->d);
@@ -124,6 +136,7 @@ struct UnpackQ8_0 {
     }
 };
 struct UnpackQ4_0 {
+    static constexpr int BYTES = sizeof(block_q4_0);
     static __m256i load(const uint8_t* row, int64_t b, float* d) {
         const block_q4_0* blk = (const block_q4_0*)row + b;
         *d = half(blk->d);
@@ -147,6 +160,7 @@ struct TileQ8A {
                 __m256i w[RM], wabs[RM];
                 float dw[RM];
                 for (int r = 0; r < RM; r++) {
+                    _mm_prefetch((const char*)a.W + (n + r) * a.wrb + b * U::BYTES + PREFETCH_BYTES, _MM_HINT_T0);
                     w[r] = U::load(a.W + (n + r) * a.wrb, b, &dw[r]);
                     wabs[r] = _mm256_sign_epi8(w[r], w[r]);
                 }
@@ -173,148 +187,193 @@ template <int RM, int RN>
 using TileQ4_0 = TileQ8A<UnpackQ4_0>::T<RM, RN>;
 
 // ---- k-quants against block_q8_K activations ----
+// Per super-block and tile: int32 sums of scale * (q . x) per (row, token), then one float
+// multiply-add by d * x.d; the zero-point (mins, or q6_K's offset 32) goes through the q8_K
+// group sums: madd(mins per 16-group, bsums) scaled by dmin * x.d.
 
-// One weight super-block unpacked to 8 vectors of 32 unsigned quants plus its scales.
-struct SuperQ {
-    __m256i q[8];
-    __m256i sc[8];  // int16 multipliers for the vpmaddubsw pairs of vector j
-    __m256i mins;   // int16 x 16 multipliers of the 16 activation group sums (zero-point term)
-    float d, dmin;  // y = d * x.d * sum(sc * q.x) - dmin * x.d * sum(mins * bsums)
-};
+// Shuffle masks that broadcast int16 lane j of a 128-bit lane to all 8 int16 lanes.
+inline __m256i lane_broadcast16(int j) { return _mm256_set1_epi16((short)((2 * j) | ((2 * j + 1) << 8))); }
 
-// Pair-sums of a q8_K block's 16 group sums: the sum over each 32-value sub-block.
-inline __m256i bsums16(const block_q8_K& x) { return _mm256_loadu_si256((const __m256i*)x.bsums); }
-
-inline void unpack_k4_scales(const uint8_t* scales12, SuperQ& s) {
-    alignas(32) int16_t mins[16];
-    for (int j = 0; j < 8; j++) {
-        uint8_t sc, m;
-        scale_min_k4(j, scales12, &sc, &m);
-        s.sc[j] = _mm256_set1_epi16(sc);
-        mins[2 * j] = mins[2 * j + 1] = m;  // both 16-groups of sub-block j
-    }
-    s.mins = _mm256_load_si256((const __m256i*)mins);
+// The 12-byte q4_K/q5_K scale header to 8 scales (bytes 0..7) and 8 mins (bytes 8..15).
+inline void decode_k4_header(const uint8_t* s12, uint32_t out[4]) {
+    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    uint32_t u[3];
+    std::memcpy(u, s12, 12);
+    out[0] = u[0] & kmask1;
+    out[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+    out[2] = u[1] & kmask1;
+    out[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
 }
 
-struct UnpackQ4_K {
-    static void load(const uint8_t* row, int64_t b, SuperQ& s) {
-        const block_q4_K* blk = (const block_q4_K*)row + b;
-        s.d = half(blk->d);
-        s.dmin = half(blk->dmin);
-        unpack_k4_scales(blk->scales, s);
-        const __m256i mask = _mm256_set1_epi8(0x0f);
-        for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * c));
-            s.q[2 * c] = _mm256_and_si256(q, mask);
-            s.q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-        }
-    }
+struct K4Header {
+    __m256i scales;  // int16 sc0..sc7 in both 128-bit lanes
+    __m256i mins;    // int16 m0,m0,m1,m1,...,m7,m7: the min of each 16-group
+    float d, dmin;
 };
 
-struct UnpackQ5_K {
-    static void load(const uint8_t* row, int64_t b, SuperQ& s) {
-        const block_q5_K* blk = (const block_q5_K*)row + b;
-        s.d = half(blk->d);
-        s.dmin = half(blk->dmin);
-        unpack_k4_scales(blk->scales, s);
-        const __m256i mask = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-        const __m256i qh = _mm256_loadu_si256((const __m256i*)blk->qh);
-        for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * c));
-            // bit j of qh[l] is the fifth bit of weight l of sub-block j
-            const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
-            const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
-            s.q[2 * c] = _mm256_or_si256(_mm256_and_si256(q, mask), _mm256_slli_epi16(h0, 4));
-            s.q[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), mask), _mm256_slli_epi16(h1, 4));
-        }
-    }
-};
+inline K4Header k4_header(uint16_t d, uint16_t dmin, const uint8_t* s12) {
+    uint32_t u[4];
+    decode_k4_header(s12, u);
+    K4Header h;
+    const __m128i b = _mm_loadu_si128((const __m128i*)u);
+    const __m128i sc = _mm_cvtepu8_epi16(b);
+    const __m128i mn = _mm_cvtepu8_epi16(_mm_srli_si128(b, 8));
+    h.scales = _mm256_set_m128i(sc, sc);
+    h.mins = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
+    h.d = half(d);
+    h.dmin = half(dmin);
+    return h;
+}
 
-// q6_K: q in 0..63 (offset 32 folded into the zero-point term), scales per 16 weights.
-struct UnpackQ6_K {
-    static void load(const uint8_t* row, int64_t b, SuperQ& s) {
-        const block_q6_K* blk = (const block_q6_K*)row + b;
-        s.d = half(blk->d);
-        s.dmin = s.d * 32.f;
-        const __m256i mask4 = _mm256_set1_epi8(0x0f), mask2 = _mm256_set1_epi8(3);
-        for (int h = 0; h < 2; h++) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i*)(blk->ql + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i*)(blk->ql + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk->qh + 32 * h));
-            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(qh, mask2), 4);
-            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), mask2), 4);
-            const __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), mask2), 4);
-            const __m256i h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), mask2), 4);
-            s.q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, mask4), h0);
-            s.q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, mask4), h1);
-            s.q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), mask4), h2);
-            s.q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), mask4), h3);
-        }
-        alignas(32) int16_t mins[16];
-        for (int j = 0; j < 8; j++) {
-            const int16_t lo = blk->scales[2 * j], hi = blk->scales[2 * j + 1];
-            s.sc[j] = _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
-            mins[2 * j] = lo;
-            mins[2 * j + 1] = hi;
-        }
-        s.mins = _mm256_load_si256((const __m256i*)mins);
-    }
-};
-
-template <typename U>
-struct TileQK {
+template <bool FIVE_BIT>
+struct TileQ45K {
     template <int RM, int RN>
     struct T {
         static void run(const Args& a, int64_t n, int m) {
+            using Block = typename std::conditional<FIVE_BIT, block_q5_K, block_q4_K>::type;
+            const __m256i m4 = _mm256_set1_epi8(0x0f);
             __m256 acc[RM][RN];
-            float zero_point[RM][RN] = {};
             for (int r = 0; r < RM; r++)
                 for (int t = 0; t < RN; t++) acc[r][t] = _mm256_setzero_ps();
             const int64_t nb = a.K / QK_K;
-            SuperQ s[RM];
             for (int64_t b = 0; b < nb; b++) {
-                for (int r = 0; r < RM; r++) U::load(a.W + (n + r) * a.wrb, b, s[r]);
-                for (int t = 0; t < RN; t++) {
-                    const block_q8_K& x = ((const block_q8_K*)(a.X + (m + t) * a.xrb))[b];
-                    const __m256i bs = bsums16(x);
+                const Block* w[RM];
+                K4Header h[RM];
+                for (int r = 0; r < RM; r++) {
+                    w[r] = (const Block*)(a.W + (n + r) * a.wrb) + b;
+                    prefetch_block(w[r], sizeof(Block));
+                    h[r] = k4_header(w[r]->d, w[r]->dmin, w[r]->scales);
+                }
+                const block_q8_K* x[RN];
+                for (int t = 0; t < RN; t++) x[t] = (const block_q8_K*)(a.X + (m + t) * a.xrb) + b;
+                __m256i sum[RM][RN];
+                for (int r = 0; r < RM; r++)
+                    for (int t = 0; t < RN; t++) sum[r][t] = _mm256_setzero_si256();
+                for (int c = 0; c < 4; c++) {
+                    __m256i lo[RM], hi[RM], slo[RM], shi[RM];
                     for (int r = 0; r < RM; r++) {
-                        __m256i sum = _mm256_setzero_si256();
-                        for (int j = 0; j < 8; j++) {
-                            const __m256i xv = _mm256_loadu_si256((const __m256i*)(x.qs + 32 * j));
-                            const __m256i p16 = _mm256_maddubs_epi16(s[r].q[j], xv);
-                            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, s[r].sc[j]));
+                        const __m256i q = _mm256_loadu_si256((const __m256i*)(w[r]->qs + 32 * c));
+                        lo[r] = _mm256_and_si256(q, m4);
+                        hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                        if (FIVE_BIT) {
+                            const __m256i qh = _mm256_loadu_si256((const __m256i*)((const block_q5_K*)w[r])->qh);
+                            const __m256i one = _mm256_set1_epi8(1);
+                            // bit j of qh[l] is the fifth bit of weight l of sub-block j
+                            lo[r] = _mm256_or_si256(lo[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+                            hi[r] = _mm256_or_si256(hi[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
                         }
-                        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(s[r].d * x.d), acc[r][t]);
-                        const __m256i zp = _mm256_madd_epi16(s[r].mins, bs);
-                        const int32_t zsum =
-                            hsum_i32(_mm_add_epi32(_mm256_castsi256_si128(zp), _mm256_extracti128_si256(zp, 1)));
-                        zero_point[r][t] += s[r].dmin * x.d * (float)zsum;
+                        slo[r] = _mm256_shuffle_epi8(h[r].scales, lane_broadcast16(2 * c));
+                        shi[r] = _mm256_shuffle_epi8(h[r].scales, lane_broadcast16(2 * c + 1));
+                    }
+                    for (int t = 0; t < RN; t++) {
+                        const __m256i x0 = _mm256_loadu_si256((const __m256i*)(x[t]->qs + 64 * c));
+                        const __m256i x1 = _mm256_loadu_si256((const __m256i*)(x[t]->qs + 64 * c + 32));
+                        for (int r = 0; r < RM; r++) {
+                            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[r], x0), slo[r]);
+                            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[r], x1), shi[r]);
+                            sum[r][t] = _mm256_add_epi32(sum[r][t], _mm256_add_epi32(p0, p1));
+                        }
+                    }
+                }
+                for (int t = 0; t < RN; t++) {
+                    const __m256i bs = _mm256_loadu_si256((const __m256i*)x[t]->bsums);
+                    for (int r = 0; r < RM; r++) {
+                        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r][t]), _mm256_set1_ps(h[r].d * x[t]->d), acc[r][t]);
+                        const __m256 zp = _mm256_cvtepi32_ps(_mm256_madd_epi16(h[r].mins, bs));
+                        acc[r][t] = _mm256_fnmadd_ps(zp, _mm256_set1_ps(h[r].dmin * x[t]->d), acc[r][t]);
                     }
                 }
             }
             for (int r = 0; r < RM; r++)
-                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = hsum(acc[r][t]) - zero_point[r][t];
+                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = hsum(acc[r][t]);
+        }
+    };
+};
+
+// q6_K: q in 0..63 with the offset 32 folded into the zero-point term; 16 int8 scales, one per
+// 16 weights: vector j (weights 32j..32j+31) takes sc[2j] in its low lane and sc[2j+1] in its high.
+struct TileQ6K {
+    template <int RM, int RN>
+    struct T {
+        static void run(const Args& a, int64_t n, int m) {
+            const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+            const __m256i split = _mm256_set_epi8(3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,  //
+                                                  1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
+            __m256 acc[RM][RN];
+            for (int r = 0; r < RM; r++)
+                for (int t = 0; t < RN; t++) acc[r][t] = _mm256_setzero_ps();
+            const int64_t nb = a.K / QK_K;
+            for (int64_t b = 0; b < nb; b++) {
+                const block_q6_K* w[RM];
+                __m256i sc[RM];
+                for (int r = 0; r < RM; r++) {
+                    w[r] = (const block_q6_K*)(a.W + (n + r) * a.wrb) + b;
+                    prefetch_block(w[r], sizeof(block_q6_K));
+                    sc[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w[r]->scales));
+                }
+                const block_q8_K* x[RN];
+                for (int t = 0; t < RN; t++) x[t] = (const block_q8_K*)(a.X + (m + t) * a.xrb) + b;
+                __m256i sum[RM][RN];
+                for (int r = 0; r < RM; r++)
+                    for (int t = 0; t < RN; t++) sum[r][t] = _mm256_setzero_si256();
+                // step s covers vectors j = 4h + (s & 1) and j + 2: low and high nibbles of one ql run
+                for (int s = 0; s < 4; s++) {
+                    const int h = s / 2, j0 = 4 * h + (s & 1), j1 = j0 + 2;
+                    __m256i q0[RM], q1[RM], s0[RM], s1[RM];
+                    for (int r = 0; r < RM; r++) {
+                        const __m256i l = _mm256_loadu_si256((const __m256i*)(w[r]->ql + 64 * h + 32 * (s & 1)));
+                        const __m256i qh = _mm256_loadu_si256((const __m256i*)(w[r]->qh + 32 * h));
+                        const int sh = 2 * (s & 1);  // vector j uses qh bits 2*(j%4) .. +1
+                        const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, sh), m2);
+                        const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, sh + 4), m2);
+                        q0[r] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(h0, 4));
+                        q1[r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4), _mm256_slli_epi16(h1, 4));
+                        s0[r] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc[r], _mm256_set1_epi32(j0)), split);
+                        s1[r] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc[r], _mm256_set1_epi32(j1)), split);
+                    }
+                    for (int t = 0; t < RN; t++) {
+                        const __m256i x0 = _mm256_loadu_si256((const __m256i*)(x[t]->qs + 32 * j0));
+                        const __m256i x1 = _mm256_loadu_si256((const __m256i*)(x[t]->qs + 32 * j1));
+                        for (int r = 0; r < RM; r++) {
+                            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0[r], x0), s0[r]);
+                            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1[r], x1), s1[r]);
+                            sum[r][t] = _mm256_add_epi32(sum[r][t], _mm256_add_epi32(p0, p1));
+                        }
+                    }
+                }
+                for (int t = 0; t < RN; t++) {
+                    const __m256i bs = _mm256_loadu_si256((const __m256i*)x[t]->bsums);
+                    for (int r = 0; r < RM; r++) {
+                        const float d = half(w[r]->d) * x[t]->d;
+                        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r][t]), _mm256_set1_ps(d), acc[r][t]);
+                        const __m256 zp = _mm256_cvtepi32_ps(_mm256_madd_epi16(sc[r], bs));
+                        acc[r][t] = _mm256_fnmadd_ps(zp, _mm256_set1_ps(32.f * d), acc[r][t]);
+                    }
+                }
+            }
+            for (int r = 0; r < RM; r++)
+                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = hsum(acc[r][t]);
         }
     };
 };
 
 template <int RM, int RN>
-using TileQ4_K = TileQK<UnpackQ4_K>::T<RM, RN>;
+using TileQ4_K = TileQ45K<false>::T<RM, RN>;
 template <int RM, int RN>
-using TileQ5_K = TileQK<UnpackQ5_K>::T<RM, RN>;
+using TileQ5_K = TileQ45K<true>::T<RM, RN>;
 template <int RM, int RN>
-using TileQ6_K = TileQK<UnpackQ6_K>::T<RM, RN>;
+using TileQ6_K = TileQ6K::T<RM, RN>;
 
 const Kernels AVX2 = {
     "avx2",
-    gemm_tiled<TileF32>,
-    gemm_tiled<TileF16>,
-    gemm_tiled<TileBF16>,
-    gemm_tiled<TileQ8_0>,
-    gemm_tiled<TileQ4_0>,
-    gemm_tiled<TileQ4_K>,
-    gemm_tiled<TileQ5_K>,
-    gemm_tiled<TileQ6_K>,
+    gemm_tiled<TileF32, 4, 2>,
+    gemm_tiled<TileF16, 4, 2>,
+    gemm_tiled<TileBF16, 4, 2>,
+    gemm_tiled<TileQ8_0, 4, 2>,
+    gemm_tiled<TileQ4_0, 4, 2>,
+    gemm_tiled<TileQ4_K, 2, 1>,
+    gemm_tiled<TileQ5_K, 2, 1>,
+    gemm_tiled<TileQ6_K, 2, 1>,
 };
 
 }  // namespace
