@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import info
+from .commands import convert, info
 
-COMMANDS = {"info": info}
+COMMANDS = {"convert": convert, "info": info}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return COMMANDS[args.command].main(args)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # GGUFError and ConvertError are ValueErrors or handled inside
         print(f"clover-cpu {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""`clover-cpu info --system`: which kernel path and how many threads run here."""
+"""`clover-cpu info`: what a GGUF file holds (MODEL.gguf), or what this machine runs (--system)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,28 @@ import platform
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "info",
-        help="show what this machine runs (--system)",
-        description="Show the kernel path (ISA), threads and CPU features clover-cpu uses on this machine.",
+        help="describe a GGUF model file, or this machine (--system)",
+        description="Describe a GGUF model file (architecture, shape, tensor types and bits per weight, "
+        "tokenizer, diffusion settings, size), or with --system the kernel path (ISA), threads and CPU "
+        "features clover-cpu uses on this machine.",
+        epilog="examples: clover-cpu info model.gguf | clover-cpu info --system",
     )
+    p.add_argument("model", nargs="?", metavar="MODEL.gguf", help="the file to describe")
     p.add_argument("--system", action="store_true", help="describe this machine and the kernels chosen for it")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.system:
+        return system(args)
+    if not args.model:
+        raise ValueError("nothing to show: give MODEL.gguf or --system")
+    return model(args)
+
+
+def system(args) -> int:
     import clover_cpu
 
-    if not args.system:
-        raise ValueError("nothing to show: pass --system")
     info = clover_cpu.system_info()
     info["machine"] = platform.machine()
     info["python"] = platform.python_version()
@@ -36,4 +45,77 @@ def main(args: argparse.Namespace) -> int:
     print(f"threads:    {info['threads']} (default {info['default_threads']}: one per physical core)")
     print(f"cpu:        {feats}")
     print(f"native:     {'yes (-march=native build)' if info['native_build'] else 'no (portable build)'}")
+    return 0
+
+
+SHAPE_KEYS = ("context_length", "embedding_length", "block_count", "attention.head_count",
+              "attention.head_count_kv", "attention.key_length", "rope.dimension_count", "rope.freq_base",
+              "expert_count", "expert_used_count", "expert_feed_forward_length",
+              "expert_shared_feed_forward_length", "ssm.group_count", "ssm.time_step_rank", "ssm.state_size",
+              "ssm.conv_kernel", "full_attention_interval")
+
+
+def describe(path) -> dict:
+    from clover_cpu.gguf_file import GGUFFile
+
+    with GGUFFile(path) as g:
+        arch = g.arch
+        types: dict[str, dict] = {}
+        params = nbytes = 0
+        for ti in g.tensors.values():
+            t = types.setdefault(ti.type_name, {"tensors": 0, "params": 0, "bytes": 0})
+            t["tensors"] += 1
+            t["params"] += ti.n_elements
+            t["bytes"] += ti.nbytes
+            params += ti.n_elements
+            nbytes += ti.nbytes
+        kv = g.kv
+        shape = {k: _plain(kv[f"{arch}.{k}"]) for k in SHAPE_KEYS if f"{arch}.{k}" in kv}
+        tokens = kv.get("tokenizer.ggml.tokens")
+        tok = {
+            "model": kv.get("tokenizer.ggml.model"),
+            "pre": kv.get("tokenizer.ggml.pre"),
+            "vocab": len(tokens) if isinstance(tokens, list) else None,
+            "bos": _plain(kv.get("tokenizer.ggml.bos_token_id")),
+            "eos": _plain(kv.get("tokenizer.ggml.eos_token_id")),
+            "mask": _plain(kv.get("tokenizer.ggml.mask_token_id")),
+            "chat_template": "tokenizer.chat_template" in kv,
+        }
+        diffusion = {k: _plain(v) for k, v in kv.items() if "diffusion" in k}
+        return {
+            "path": str(path), "architecture": arch, "name": kv.get("general.name"), "gguf_version": g.version,
+            "file_size": g.file_size, "tensors": len(g.tensors), "params": params,
+            "bits_per_weight": 8 * nbytes / max(1, params), "types": types, "shape": shape,
+            "tokenizer": tok, "diffusion": diffusion,
+        }
+
+
+def _plain(v):
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, float):
+        return float(f"{v:.6g}")  # f32 metadata: 0.95 rather than 0.949999988
+    return v
+
+
+def model(args) -> int:
+    d = describe(args.model)
+    if args.json:
+        print(json.dumps(d))
+        return 0
+    print(f"file:          {d['path']} ({d['file_size'] / 1e9:.2f} GB, GGUF v{d['gguf_version']})")
+    print(f"architecture:  {d['architecture']}" + (f" ({d['name']})" if d["name"] else ""))
+    print(f"parameters:    {d['params'] / 1e9:.3f}B in {d['tensors']} tensors, {d['bits_per_weight']:.2f} bits per weight")
+    for t, s in sorted(d["types"].items(), key=lambda kv: -kv[1]["bytes"]):
+        print(f"  {t:<6} {s['tensors']:>5} tensors {s['params'] / 1e6:>10.1f}M params {s['bytes'] / 1e6:>10.1f} MB")
+    print("shape:         " + ", ".join(f"{k}={v}" for k, v in d["shape"].items()))
+    tok = d["tokenizer"]
+    print(f"tokenizer:     {tok['model']}" + (f"/{tok['pre']}" if tok["pre"] else "") +
+          f", {tok['vocab']} tokens, bos={tok['bos']} eos={tok['eos']}" +
+          (f" mask={tok['mask']}" if tok["mask"] is not None else "") +
+          (", chat template" if tok["chat_template"] else ", no chat template"))
+    if d["diffusion"]:
+        print("diffusion:     " + ", ".join(f"{k}={v}" for k, v in d["diffusion"].items()))
+    else:
+        print("diffusion:     none (autoregressive model)")
     return 0

@@ -1,0 +1,228 @@
+"""A validating GGUF reader: every length, count, type, shape and byte range is checked against the
+file before anything is used, and tensors are memory-mapped in place (never copied).
+
+Format: magic "GGUF", version (2 or 3), tensor count, kv count, the kv pairs, the tensor infos
+(name, dims in ggml `ne` order, type, offset), then the data section at the next multiple of
+`general.alignment` (default 32); tensor offsets are relative to it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .kernels import FORMATS
+
+
+class GGUFError(ValueError):
+    """The file is not a GGUF file we can use; the message says what is wrong."""
+
+
+# value type id -> (struct format, size)
+_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4), 6: ("<f", 4),
+            7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
+_NP = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
+       10: np.uint64, 11: np.int64, 12: np.float64}
+STRING, ARRAY = 8, 9
+TYPE_NAMES = {t["ggml_type"]: name for name, t in FORMATS.items()}
+MAX_DIMS = 4
+MAX_KEY = 1 << 16
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    ne: tuple[int, ...]  # ggml order: ne[0] is the row length
+    type_name: str  # f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k
+    offset: int  # absolute offset in the file
+    nbytes: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """numpy order (the reverse of ne)."""
+        return tuple(reversed(self.ne))
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.ne:
+            n *= d
+        return n
+
+
+class _Cursor:
+    def __init__(self, buf, size: int):
+        self.buf, self.size, self.pos = buf, size, 0
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise GGUFError(f"truncated file: {what} at byte {self.pos} needs {n} bytes, the file has {self.size}")
+
+    def scalar(self, t: int, what: str):
+        fmt, n = _SCALARS[t]
+        self.need(n, what)
+        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += n
+        return v
+
+    def u32(self, what: str) -> int:
+        return self.scalar(4, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar(10, what)
+
+    def string(self, what: str, limit: int | None = None) -> str:
+        n = self.u64(f"length of {what}")
+        if limit is not None and n > limit:
+            raise GGUFError(f"{what} is {n} bytes long (limit {limit})")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise GGUFError(f"{what} is not valid UTF-8") from None
+
+    def value(self, t: int, key: str, depth: int = 0):
+        if t in _SCALARS:
+            return self.scalar(t, f"value of {key}")
+        if t == STRING:
+            return self.string(f"value of {key}")
+        if t == ARRAY:
+            if depth > 0:
+                raise GGUFError(f"{key}: nested arrays are not supported")
+            et = self.u32(f"element type of {key}")
+            n = self.u64(f"length of {key}")
+            if et in _SCALARS:
+                size = _SCALARS[et][1]
+                self.need(n * size, f"array {key} ({n} elements)")
+                arr = np.frombuffer(self.buf, dtype=_NP[et], count=n, offset=self.pos).copy()
+                self.pos += n * size
+                return arr
+            if et == STRING:
+                # each string needs at least its 8-byte length: refuse absurd counts before looping
+                self.need(n * 8, f"array {key} ({n} strings)")
+                return [self.string(f"element {i} of {key}") for i in range(n)]
+            raise GGUFError(f"{key}: unknown array element type {et}")
+        raise GGUFError(f"{key}: unknown value type {t}")
+
+
+class GGUFFile:
+    """An open, validated GGUF file. `kv` holds the metadata; `tensors` the tensor infos."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self._file = open(self.path, "rb")
+        except OSError as e:
+            raise GGUFError(f"cannot open {self.path}: {e.strerror or e}") from None
+        self.file_size = os.fstat(self._file.fileno()).st_size
+        if self.file_size < 24:
+            self._file.close()
+            raise GGUFError(f"{self.path.name} is not a GGUF file ({self.file_size} bytes)")
+        self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._parse()
+        except GGUFError:
+            self.close()
+            raise
+
+    def _parse(self) -> None:
+        c = _Cursor(self._mm, self.file_size)
+        if bytes(self._mm[:4]) != b"GGUF":
+            raise GGUFError(f"{self.path.name} is not a GGUF file (bad magic {bytes(self._mm[:4])!r})")
+        c.pos = 4
+        self.version = c.u32("version")
+        if self.version not in (2, 3):
+            raise GGUFError(f"unsupported GGUF version {self.version} (supported: 2, 3)")
+        n_tensors = c.u64("tensor count")
+        n_kv = c.u64("kv count")
+        # every kv needs >= 13 bytes and every tensor info >= 28: refuse impossible counts up front
+        if n_kv * 13 > self.file_size or n_tensors * 28 > self.file_size:
+            raise GGUFError(f"corrupt header: {n_tensors} tensors and {n_kv} keys cannot fit in {self.file_size} bytes")
+        self.kv: dict[str, object] = {}
+        for i in range(n_kv):
+            key = c.string(f"key {i}", limit=MAX_KEY)
+            t = c.u32(f"type of {key}")
+            if key in self.kv:
+                raise GGUFError(f"duplicate key {key}")
+            self.kv[key] = c.value(t, key)
+        self.alignment = int(self.kv.get("general.alignment", 32))
+        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
+            raise GGUFError(f"general.alignment {self.alignment} is not a power of two")
+        infos = []
+        for i in range(n_tensors):
+            name = c.string(f"name of tensor {i}", limit=MAX_KEY)
+            n_dims = c.u32(f"dims of {name}")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise GGUFError(f"tensor {name} has {n_dims} dimensions (1..{MAX_DIMS} supported)")
+            ne = tuple(c.u64(f"dim {d} of {name}") for d in range(n_dims))
+            t = c.u32(f"type of {name}")
+            offset = c.u64(f"offset of {name}")
+            infos.append((name, ne, t, offset))
+        self.data_offset = -(-c.pos // self.alignment) * self.alignment
+        data_size = self.file_size - self.data_offset
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, ne, t, offset in infos:
+            if name in self.tensors:
+                raise GGUFError(f"duplicate tensor {name}")
+            if t not in TYPE_NAMES:
+                raise GGUFError(f"tensor {name} has ggml type {t}, which clover-cpu does not support "
+                                f"(supported: {', '.join(sorted(FORMATS))})")
+            fmt = FORMATS[TYPE_NAMES[t]]
+            if any(d <= 0 or d >= 1 << 40 for d in ne):
+                raise GGUFError(f"tensor {name} has an invalid shape {list(ne)}")
+            if ne[0] % fmt["block_size"]:
+                raise GGUFError(f"tensor {name}: row of {ne[0]} is not a multiple of the {TYPE_NAMES[t]} block size")
+            n = 1
+            for d in ne:
+                n *= d
+            if n >= 1 << 48:
+                raise GGUFError(f"tensor {name} is impossibly large ({list(ne)})")
+            nbytes = n // fmt["block_size"] * fmt["block_bytes"]
+            if offset % self.alignment:
+                raise GGUFError(f"tensor {name} is misaligned (offset {offset}, alignment {self.alignment})")
+            if offset + nbytes > data_size:
+                raise GGUFError(f"truncated file: tensor {name} needs bytes up to {self.data_offset + offset + nbytes}, "
+                                f"the file has {self.file_size}")
+            self.tensors[name] = TensorInfo(name, ne, TYPE_NAMES[t], self.data_offset + offset, nbytes)
+        spans = sorted((ti.offset, ti.offset + ti.nbytes, ti.name) for ti in self.tensors.values())
+        for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
+            if s1 < e0:
+                raise GGUFError(f"tensors {n0} and {n1} overlap")
+
+    @property
+    def arch(self) -> str:
+        a = self.kv.get("general.architecture")
+        if not isinstance(a, str):
+            raise GGUFError("missing general.architecture")
+        return a
+
+    def data(self, name: str) -> np.ndarray:
+        """The tensor's bytes as uint8 rows [n_rows, row_bytes] (a view of the mapped file)."""
+        ti = self.tensors[name]
+        fmt = FORMATS[ti.type_name]
+        rb = ti.ne[0] // fmt["block_size"] * fmt["block_bytes"]
+        arr = np.frombuffer(self._mm, dtype=np.uint8, count=ti.nbytes, offset=ti.offset)
+        return arr.reshape(-1, rb)
+
+    def close(self) -> None:
+        try:
+            self._mm.close()
+        except (BufferError, AttributeError):
+            pass  # numpy views still alive keep the map open
+        try:
+            self._file.close()
+        except AttributeError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

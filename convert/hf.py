@@ -1,0 +1,491 @@
+"""Hugging Face Qwen3.5-MoE / Clover checkpoints -> GGUF, one tensor at a time.
+
+Every GGUF tensor is planned up front (name, shape, which source rows, which transform), checked
+against the config, then streamed: source rows are read from the memory-mapped safetensors in
+chunks, transformed, quantized with the C++ kernels on all threads and appended to a temporary file
+that is renamed to the final name only when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .config import ModelConfig, load_config
+from .errors import ConvertError
+from .safetensors_lazy import LazyTensor, open_checkpoint
+from .tokenizer import SPM_MODEL_KEY, Vocab, read_tokenizer
+
+OUT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m")
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15, "bf16": 32}  # llama.cpp LlamaFileType
+GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14, "bf16": 30}
+BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
+CHUNK_VALUES = 1 << 24  # float32 values per work chunk (64 MB): bounds the converter's memory
+
+
+@dataclass
+class Segment:
+    src: LazyTensor
+    rows: np.ndarray  # row indices into src seen as [numel // row_len, row_len]
+
+
+@dataclass
+class TensorPlan:
+    name: str  # GGUF name
+    shape: tuple[int, ...]  # numpy order (GGUF ne reversed); the last dim is the row length
+    segments: list[Segment]  # output rows, in order, taken from these source rows
+    kind: str  # recipe class: norm, router, conv, ssm, embd, output, attn_v, ffn_down, ...
+    layer: int | None = None
+    col_perm: np.ndarray | None = None  # output column j = source column col_perm[j]
+    fn: Callable[[np.ndarray], np.ndarray] | None = None  # elementwise transform after reordering
+
+    @property
+    def row_len(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def n_rows(self) -> int:
+        return int(np.prod(self.shape[:-1], dtype=np.int64)) if len(self.shape) > 1 else 1
+
+    @property
+    def src_bytes(self) -> int:
+        return sum(len(s.rows) * self.row_len * {"BF16": 2, "F16": 2, "F32": 4}[s.src.dtype] for s in self.segments)
+
+
+# ---- planning: checkpoint names -> GGUF names, shapes and transforms ----
+
+
+def v_head_order(c: ModelConfig) -> np.ndarray:
+    """Value heads from grouped order (head h uses key head h // r) to llama.cpp's tiled order
+    (head h uses key head h % Hk): new head j * Hk + g <- old head g * r + j."""
+    hk, r = c.n_k_heads, c.n_v_heads // c.n_k_heads
+    return np.array([(n % hk) * r + n // hk for n in range(c.n_v_heads)], dtype=np.int64)
+
+
+def head_rows(order: np.ndarray, head_dim: int) -> np.ndarray:
+    return (order[:, None] * head_dim + np.arange(head_dim)[None, :]).reshape(-1)
+
+
+def plus_one(x: np.ndarray) -> np.ndarray:
+    return x + np.float32(1)
+
+
+def neg_exp(x: np.ndarray) -> np.ndarray:
+    return -np.exp(x)
+
+
+class Planner:
+    def __init__(self, c: ModelConfig, tensors: dict[str, LazyTensor]):
+        self.c = c
+        self.tensors = tensors
+        self.used: set[str] = set()
+        self.prefix = self._prefix()
+
+    def _prefix(self) -> str:
+        for p in ("model.language_model.", "model."):
+            if f"{p}embed_tokens.weight" in self.tensors:
+                return p
+        raise ConvertError("tensor model.embed_tokens.weight is missing from the checkpoint")
+
+    def get(self, name: str, shape: tuple[int, ...]) -> LazyTensor:
+        t = self.tensors.get(name)
+        if t is None:
+            raise ConvertError(f"tensor {name} is missing from the checkpoint")
+        if tuple(t.shape) != tuple(shape):
+            raise ConvertError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
+        if t.dtype not in ("BF16", "F16", "F32"):
+            raise ConvertError(f"tensor {name} has dtype {t.dtype}; only BF16, F16 and F32 are supported")
+        self.used.add(name)
+        return t
+
+    def whole(self, gguf: str, src: str, shape: tuple[int, ...], kind: str, layer=None, **kw) -> TensorPlan:
+        t = self.get(src, shape)
+        out_shape = tuple(shape) if len(shape) > 1 else (shape[0],)
+        n_rows = t.numel // out_shape[-1]
+        return TensorPlan(gguf, out_shape, [Segment(t, np.arange(n_rows))], kind, layer, **kw)
+
+    def plan(self) -> list[TensorPlan]:
+        c, p = self.c, self.prefix
+        H, V = c.n_embd, c.vocab_size
+        plans = [self.whole("token_embd.weight", f"{p}embed_tokens.weight", (V, H), "embd")]
+        for i in range(c.n_layer):
+            plans += self.layer(i)
+        plans.append(self.whole("output_norm.weight", f"{p}norm.weight", (H,), "norm", fn=plus_one))
+        if "lm_head.weight" in self.tensors or not c.tie_word_embeddings:
+            plans.append(self.whole("output.weight", "lm_head.weight", (V, H), "output"))
+        return plans
+
+    def layer(self, i: int) -> list[TensorPlan]:
+        c, L = self.c, f"{self.prefix}layers.{i}."
+        H, E, I, Is = c.n_embd, c.n_expert, c.n_ff_exp, c.n_ff_shexp
+        b = f"blk.{i}."
+        out = [
+            self.whole(b + "attn_norm.weight", L + "input_layernorm.weight", (H,), "norm", i, fn=plus_one),
+            self.whole(b + "post_attention_norm.weight", L + "post_attention_layernorm.weight", (H,), "norm", i, fn=plus_one),
+        ]
+        if c.is_recurrent(i):
+            out += self.gdn(i, L + "linear_attn.", b)
+        else:
+            a, D = L + "self_attn.", c.head_dim
+            out += [
+                self.whole(b + "attn_q.weight", a + "q_proj.weight", (2 * c.n_head * D, H), "attn_q", i),
+                self.whole(b + "attn_k.weight", a + "k_proj.weight", (c.n_head_kv * D, H), "attn_k", i),
+                self.whole(b + "attn_v.weight", a + "v_proj.weight", (c.n_head_kv * D, H), "attn_v", i),
+                self.whole(b + "attn_output.weight", a + "o_proj.weight", (H, c.n_head * D), "attn_output", i),
+                self.whole(b + "attn_q_norm.weight", a + "q_norm.weight", (D,), "norm", i, fn=plus_one),
+                self.whole(b + "attn_k_norm.weight", a + "k_norm.weight", (D,), "norm", i, fn=plus_one),
+            ]
+        m = L + "mlp."
+        out.append(self.whole(b + "ffn_gate_inp.weight", m + "gate.weight", (E, H), "router", i))
+        if m + "experts.gate_up_proj" in self.tensors:
+            gu = self.get(m + "experts.gate_up_proj", (E, 2 * I, H))
+            dn = self.get(m + "experts.down_proj", (E, H, I))
+            base = (np.arange(E) * 2 * I)[:, None]
+            gate_rows = (base + np.arange(I)[None, :]).reshape(-1)
+            out += [
+                TensorPlan(b + "ffn_gate_exps.weight", (E, I, H), [Segment(gu, gate_rows)], "ffn_gate_exps", i),
+                TensorPlan(b + "ffn_up_exps.weight", (E, I, H), [Segment(gu, gate_rows + I)], "ffn_up_exps", i),
+                TensorPlan(b + "ffn_down_exps.weight", (E, H, I), [Segment(dn, np.arange(E * H))], "ffn_down_exps", i),
+            ]
+        else:
+            for proj, shape, kind in (("gate", (I, H), "ffn_gate_exps"), ("up", (I, H), "ffn_up_exps"), ("down", (H, I), "ffn_down_exps")):
+                segs = [Segment(self.get(f"{m}experts.{e}.{proj}_proj.weight", shape), np.arange(shape[0])) for e in range(E)]
+                out.append(TensorPlan(f"{b}{kind}.weight", (E, *shape), segs, kind, i))
+        s = m + "shared_expert."
+        out += [
+            self.whole(b + "ffn_gate_inp_shexp.weight", m + "shared_expert_gate.weight", (1, H), "router", i),
+            self.whole(b + "ffn_gate_shexp.weight", s + "gate_proj.weight", (Is, H), "ffn_gate_shexp", i),
+            self.whole(b + "ffn_up_shexp.weight", s + "up_proj.weight", (Is, H), "ffn_up_shexp", i),
+            self.whole(b + "ffn_down_shexp.weight", s + "down_proj.weight", (H, Is), "ffn_down_shexp", i),
+        ]
+        return out
+
+    def gdn(self, i: int, a: str, b: str) -> list[TensorPlan]:
+        c, H = self.c, self.c.n_embd
+        order = v_head_order(c)
+        v_rows = head_rows(order, c.v_head_dim)  # reordered rows of a [value_dim, ...] tensor
+        qkv = self.get(a + "in_proj_qkv.weight", (c.conv_dim, H))
+        qk = np.arange(2 * c.key_dim)
+        conv = self.get(a + "conv1d.weight", (c.conv_dim, 1, c.conv_kernel))
+
+        def per_head(gguf, src, shape, kind, fn=None):
+            t = self.get(src, shape)
+            rows = head_rows(order, 1) if len(shape) == 1 else order
+            if len(shape) == 1:  # a vector of one value per head: reorder its columns
+                return TensorPlan(gguf, shape, [Segment(t, np.arange(1))], kind, i, col_perm=order, fn=fn)
+            return TensorPlan(gguf, shape, [Segment(t, rows)], kind, i, fn=fn)
+
+        return [
+            TensorPlan(b + "attn_qkv.weight", (c.conv_dim, H), [Segment(qkv, np.concatenate([qk, 2 * c.key_dim + v_rows]))], "attn_qkv", i),
+            TensorPlan(b + "attn_gate.weight", (c.value_dim, H), [Segment(self.get(a + "in_proj_z.weight", (c.value_dim, H)), v_rows)], "attn_gate", i),
+            per_head(b + "ssm_beta.weight", a + "in_proj_b.weight", (c.n_v_heads, H), "ssm_ba"),
+            per_head(b + "ssm_alpha.weight", a + "in_proj_a.weight", (c.n_v_heads, H), "ssm_ba"),
+            TensorPlan(b + "ssm_conv1d.weight", (c.conv_dim, c.conv_kernel), [Segment(conv, np.concatenate([qk, 2 * c.key_dim + v_rows]))], "conv", i),
+            per_head(b + "ssm_dt.bias", a + "dt_bias", (c.n_v_heads,), "ssm"),
+            per_head(b + "ssm_a", a + "A_log", (c.n_v_heads,), "ssm", fn=neg_exp),
+            self.whole(b + "ssm_norm.weight", a + "norm.weight", (c.v_head_dim,), "norm", i),
+            TensorPlan(b + "ssm_out.weight", (H, c.value_dim), [Segment(self.get(a + "out_proj.weight", (H, c.value_dim)), np.arange(H))], "ssm_out", i, col_perm=v_rows),
+        ]
+
+    def leftovers(self) -> tuple[list[str], list[str]]:
+        """(skipped with a note: mtp.* and visual weights, unknown: anything else unused)."""
+        skipped, unknown = [], []
+        for name in self.tensors:
+            if name in self.used:
+                continue
+            if name.startswith("mtp.") or ".visual." in name or name.startswith("visual.") or name.startswith("model.visual"):
+                skipped.append(name)
+            else:
+                unknown.append(name)
+        return skipped, unknown
+
+
+# ---- the quantization recipe ----
+
+F32_KINDS = {"norm", "router", "conv", "ssm"}
+
+
+def use_more_bits(layer: int, n_layer: int) -> bool:
+    """llama.cpp's Q4_K_M choice of layers that keep 6 bits: the first and last eighth, every third between."""
+    return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
+
+
+def tensor_type(plan: TensorPlan, out_type: str, n_layer: int) -> str:
+    """The block format of one tensor, with a fallback when its rows are not a whole number of blocks."""
+    if plan.kind in F32_KINDS or len(plan.shape) == 1:
+        return "f32"
+    if out_type != "q4_k_m":
+        want = out_type
+    elif plan.kind == "output":
+        want = "q6_k"
+    elif plan.kind in ("attn_v", "ffn_down_exps", "ffn_down_shexp") and use_more_bits(plan.layer, n_layer):
+        want = "q6_k"
+    else:
+        want = "q4_k"
+    for t in (want, "q8_0", "f16"):
+        if plan.row_len % BLOCK[t] == 0:
+            return t
+    return "f16"
+
+
+RECIPE_TEXT = {
+    "q4_k_m": "q4_k_m: experts, projections and embeddings Q4_K; LM head Q6_K; attn_v, ffn_down_exps and "
+    "ffn_down_shexp Q6_K in the first and last eighth of the layers and every third layer between; "
+    "norms, routers, shared-expert gates, ssm_a, ssm_dt and conv weights F32",
+}
+
+
+# ---- metadata ----
+
+
+def write_metadata(w, c: ModelConfig, vocab: Vocab, out_type: str, name: str) -> None:
+    import gguf
+
+    arch = c.arch
+    w.add_string("general.name", name)
+    w.add_uint32("general.file_type", FILE_TYPE[out_type])
+    w.add_uint32("general.quantization_version", 2)
+    u32 = {
+        "context_length": c.context_length,
+        "embedding_length": c.n_embd,
+        "block_count": c.n_layer,
+        "attention.head_count": c.n_head,
+        "attention.head_count_kv": c.n_head_kv,
+        "attention.key_length": c.head_dim,
+        "attention.value_length": c.head_dim,
+        "rope.dimension_count": c.n_rot,
+        "expert_count": c.n_expert,
+        "expert_used_count": c.n_expert_used,
+        "expert_feed_forward_length": c.n_ff_exp,
+        "expert_shared_feed_forward_length": c.n_ff_shexp,
+        "ssm.conv_kernel": c.conv_kernel,
+        "ssm.state_size": c.k_head_dim,
+        "ssm.group_count": c.n_k_heads,
+        "ssm.time_step_rank": c.n_v_heads,
+        "ssm.inner_size": c.value_dim,
+        "full_attention_interval": _interval(c),
+    }
+    for key, v in u32.items():
+        w.add_uint32(f"{arch}.{key}", int(v))
+    w.add_float32(f"{arch}.rope.freq_base", c.rope_theta)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+    w.add_array(f"{arch}.rope.dimension_sections", [int(s) for s in c.mrope_section])
+    w.add_array(f"{arch}.attention.recurrent_layers", [bool(c.is_recurrent(i)) for i in range(c.n_layer)])
+    if c.k_head_dim != c.v_head_dim:
+        w.add_uint32(f"{arch}.ssm.value_head_dim", c.v_head_dim)
+    if arch == "clover":
+        w.add_uint32("clover.diffusion.block_length", c.block_length)
+        w.add_float32("clover.diffusion.threshold", c.threshold)
+        w.add_bool("diffusion.shift_logits", c.shift_logits)
+        w.add_uint32("tokenizer.ggml.mask_token_id", int(c.mask_token_id))
+    # tokenizer
+    w.add_string("tokenizer.ggml.model", vocab.model)
+    if vocab.pre:
+        w.add_string("tokenizer.ggml.pre", vocab.pre)
+    w.add_array("tokenizer.ggml.tokens", vocab.tokens)
+    w.add_array("tokenizer.ggml.token_type", vocab.types)
+    if vocab.scores is not None:
+        w.add_array("tokenizer.ggml.scores", [float(s) for s in vocab.scores])
+    if vocab.merges:
+        w.add_array("tokenizer.ggml.merges", vocab.merges)
+    special = dict(vocab.special)
+    for key, cid in (("bos", c.bos_token_id), ("eos", c.eos_token_id), ("pad", c.pad_token_id)):
+        if cid is not None:
+            special[key] = int(cid)
+    ids = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
+           "pad": "tokenizer.ggml.padding_token_id", "unk": "tokenizer.ggml.unknown_token_id"}
+    for key, gkey in ids.items():
+        if key in special and 0 <= special[key] < c.vocab_size:
+            w.add_uint32(gkey, special[key])
+    w.add_bool("tokenizer.ggml.add_bos_token", vocab.add_bos)
+    w.add_bool("tokenizer.ggml.add_eos_token", False)
+    if vocab.chat_template:
+        w.add_string("tokenizer.chat_template", vocab.chat_template)
+    if vocab.spm_bytes is not None:
+        w.add_key_value(SPM_MODEL_KEY, list(vocab.spm_bytes), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT8)
+
+
+
+def _interval(c: ModelConfig) -> int:
+    full = [i for i in range(c.n_layer) if not c.is_recurrent(i)]
+    return full[0] + 1 if full else c.n_layer + 1
+
+
+# ---- progress ----
+
+
+class Progress:
+    def __init__(self, n_tensors: int, n_bytes: int, stream=sys.stderr):
+        self.n_tensors, self.n_bytes = n_tensors, max(n_bytes, 1)
+        self.done_tensors = self.done_bytes = 0
+        self.start = time.monotonic()
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last_pct = -1
+
+    def update(self, tensors: int = 0, nbytes: int = 0, name: str = "") -> None:
+        self.done_tensors += tensors
+        self.done_bytes += nbytes
+        elapsed = time.monotonic() - self.start
+        frac = self.done_bytes / self.n_bytes
+        rate = self.done_bytes / elapsed / 1e6 if elapsed > 0 else 0.0
+        eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
+        line = (f"[{self.done_tensors}/{self.n_tensors} tensors] {self.done_bytes / 1e9:.2f}/{self.n_bytes / 1e9:.2f} GB "
+                f"{100 * frac:5.1f}% {rate:.0f} MB/s ETA {eta:.0f}s {name}")
+        if self.tty:
+            width = 30
+            bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
+            self.stream.write(f"\r|{bar}| {line[:100]:<100}")
+            self.stream.flush()
+        elif int(100 * frac) // 10 != self.last_pct // 10 or (tensors and self.done_tensors == self.n_tensors):
+            self.last_pct = int(100 * frac)
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ---- the conversion ----
+
+
+def tensor_chunks(plan: TensorPlan):
+    """float32 row chunks of one output tensor, transformed, at most CHUNK_VALUES values each."""
+    k = plan.row_len
+    step = max(1, CHUNK_VALUES // k)
+    for seg in plan.segments:
+        src_len = seg.src.shape[-1] if len(seg.src.shape) > 1 else seg.src.shape[0]
+        if seg.src.numel % k and plan.col_perm is None:
+            raise ConvertError(f"internal: {plan.name} rows do not tile its source")
+        for r0 in range(0, len(seg.rows), step):
+            idx = seg.rows[r0 : r0 + step]
+            x = seg.src.take_rows(src_len if plan.col_perm is not None else k, idx)
+            if plan.col_perm is not None:
+                x = x[:, plan.col_perm]
+            if plan.fn is not None:
+                x = plan.fn(x)
+            yield np.ascontiguousarray(x, dtype=np.float32)
+
+
+def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threads: int = 0, force: bool = False,
+            log=print, progress: bool = True) -> dict:
+    """Convert the checkpoint folder src into the GGUF file out. Returns a summary dict."""
+    from clover_cpu import kernels, set_num_threads
+
+    src, out = Path(src), Path(out)
+    if out_type not in OUT_TYPES:
+        raise ConvertError(f"unknown --type {out_type!r} (choose from {', '.join(OUT_TYPES)})")
+    if not src.is_dir():
+        raise ConvertError(f"{src} is not a folder (expected a Hugging Face checkpoint folder)")
+    if out.exists() and not force:
+        raise ConvertError(f"{out} exists; pass --force to overwrite it")
+    if not out.parent.exists():
+        raise ConvertError(f"output folder {out.parent} does not exist")
+    if threads:
+        set_num_threads(threads)
+    c = load_config(src)
+    tensors = open_checkpoint(src)
+    planner = Planner(c, tensors)
+    plans = planner.plan()
+    skipped, unknown = planner.leftovers()
+    vocab = read_tokenizer(src, c.vocab_size)
+    if skipped:
+        log(f"note: skipping {len(skipped)} tensors that the runtime does not use (mtp.*, vision)")
+    if unknown:
+        log(f"note: ignoring {len(unknown)} unexpected tensors, e.g. {unknown[0]}")
+    types = {p.name: tensor_type(p, out_type, c.n_layer) for p in plans}
+    log(f"model: {c.model_type} -> {c.arch}, {c.n_layer} layers, hidden {c.n_embd}, {c.n_expert} experts "
+        f"(top {c.n_expert_used}), vocab {c.vocab_size}")
+    log("recipe: " + RECIPE_TEXT.get(out_type, f"{out_type} for 2-D weights; norms, routers, ssm_a, ssm_dt, conv F32"))
+    fallbacks = sorted({p.name for p in plans if types[p.name] not in (out_type, "f32", "q4_k", "q6_k")})
+    if fallbacks:
+        log(f"note: {len(fallbacks)} tensors have rows that are not whole {out_type} blocks and use "
+            f"{', '.join(sorted({types[n] for n in fallbacks}))} instead (e.g. {fallbacks[0]})")
+
+    import gguf
+
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    total_src = sum(p.src_bytes for p in plans)
+    bar = Progress(len(plans), total_src) if progress else None
+    n_params = n_bits = 0
+    old_handler = None
+    try:
+        # SIGTERM becomes KeyboardInterrupt so the partial file is removed on any polite stop
+        if threading_is_main():
+            old_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
+        w = gguf.GGUFWriter(tmp, c.arch)
+        write_metadata(w, c, vocab, out_type, src.resolve().name)
+        for p in plans:
+            t = types[p.name]
+            rb = kernels.row_bytes(t, p.row_len)
+            byte_shape = (*p.shape[:-1], rb) if len(p.shape) > 1 else (rb,)
+            w.add_tensor_info(p.name, byte_shape, np.dtype(np.uint8), p.n_rows * rb, gguf.GGMLQuantizationType(GGML_TYPE[t]))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        f = w.fout[0]
+        for p in plans:
+            t = types[p.name]
+            w.write_padding(f, f.tell())
+            written = 0
+            for x in tensor_chunks(p):
+                q = kernels.quantize(x, t)
+                q.tofile(f)
+                written += q.nbytes
+                if bar:
+                    bar.update(nbytes=x.size * p.src_bytes // max(1, p.n_rows * p.row_len), name=p.name)
+            expect = p.n_rows * kernels.row_bytes(t, p.row_len)
+            if written != expect:
+                raise ConvertError(f"internal: {p.name} wrote {written} bytes, expected {expect}")
+            w.write_padding(f, written)
+            n_params += p.n_rows * p.row_len
+            n_bits += 8 * written
+            if bar:
+                bar.update(tensors=1)
+        f.flush()
+        os.fsync(f.fileno())
+        w.close()
+        os.replace(tmp, out)
+    except OSError as e:
+        _remove(tmp)
+        raise ConvertError(f"writing {out} failed: {e.strerror or e}") from None
+    except BaseException:
+        _remove(tmp)
+        raise
+    finally:
+        if bar:
+            bar.close()
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+    counts: dict[str, int] = {}
+    for t in types.values():
+        counts[t] = counts.get(t, 0) + 1
+    bpw = n_bits / max(1, n_params)
+    log(f"wrote {out}: {len(plans)} tensors ({', '.join(f'{n} {t}' for t, n in sorted(counts.items()))}), "
+        f"{n_params / 1e9:.3f}B parameters, {bpw:.2f} bits per weight, {out.stat().st_size / 1e9:.2f} GB")
+    return {"tensors": len(plans), "types": types, "bits_per_weight": bpw, "params": n_params, "path": str(out)}
+
+
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
