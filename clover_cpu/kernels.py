@@ -22,9 +22,12 @@ def row_bytes(fmt: str, k: int) -> int:
     return k // t["block_size"] * t["block_bytes"]
 
 
-def quantize(x: np.ndarray, fmt: str) -> np.ndarray:
-    """float32 [rows, k] -> uint8 [rows, row_bytes] in GGUF block layout (all threads)."""
-    return _core.quantize(x, fmt)
+def quantize(x: np.ndarray, fmt: str, *, bf16: bool = False) -> np.ndarray:
+    """[rows, k] -> uint8 [rows, row_bytes] in GGUF block layout (all threads).
+
+    x is float32, float16, or (bf16=True) uint16 holding bf16 bits, widened on the worker threads.
+    """
+    return _core.quantize(x, fmt, bf16=bf16)
 
 
 def dequantize(data: np.ndarray, fmt: str) -> np.ndarray:

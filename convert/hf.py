@@ -358,21 +358,24 @@ class Progress:
 
 
 def tensor_chunks(plan: TensorPlan):
-    """float32 row chunks of one output tensor, transformed, at most CHUNK_VALUES values each."""
+    """Row chunks of one output tensor, transformed, at most CHUNK_VALUES values each. Rows that need
+    no transform stay in their stored dtype (bf16 as uint16), to be widened by the quantizer threads."""
     k = plan.row_len
     step = max(1, CHUNK_VALUES // k)
     for seg in plan.segments:
         src_len = seg.src.shape[-1] if len(seg.src.shape) > 1 else seg.src.shape[0]
-        if seg.src.numel % k and plan.col_perm is None:
-            raise ConvertError(f"internal: {plan.name} rows do not tile its source")
+        raw = plan.fn is None and plan.col_perm is None
         for r0 in range(0, len(seg.rows), step):
             idx = seg.rows[r0 : r0 + step]
+            if raw:
+                yield seg.src.take_raw_rows(k, idx), seg.src.dtype
+                continue
             x = seg.src.take_rows(src_len if plan.col_perm is not None else k, idx)
             if plan.col_perm is not None:
                 x = x[:, plan.col_perm]
             if plan.fn is not None:
                 x = plan.fn(x)
-            yield np.ascontiguousarray(x, dtype=np.float32)
+            yield np.ascontiguousarray(x, dtype=np.float32), "F32"
 
 
 def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threads: int = 0, force: bool = False,
@@ -436,8 +439,8 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
             t = types[p.name]
             w.write_padding(f, f.tell())
             written = 0
-            for x in tensor_chunks(p):
-                q = kernels.quantize(x, t)
+            for x, dtype in tensor_chunks(p):
+                q = kernels.quantize(x, t, bf16=dtype == "BF16")
                 q.tofile(f)
                 written += q.nbytes
                 if bar:

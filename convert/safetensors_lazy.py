@@ -61,6 +61,15 @@ class LazyTensor:
             out = flat.astype(np.float32)
         return out.reshape(stop - start, row_len)
 
+    def take_raw_rows(self, row_len: int, index: np.ndarray) -> np.ndarray:
+        """Rows at the given indices in the stored dtype (bf16 as uint16): no widening."""
+        raw = self._raw()
+        n = self.numel // row_len
+        view = raw[: n * row_len].reshape(n, row_len)
+        if len(index) and np.all(np.diff(index) == 1):
+            return np.ascontiguousarray(view[int(index[0]) : int(index[-1]) + 1])
+        return view[index]
+
     def take_rows(self, row_len: int, index: np.ndarray) -> np.ndarray:
         """float32 rows at the given indices (contiguous runs are read as slices)."""
         if len(index) == 0:

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dispatch.h"
 #include "ops.h"
@@ -70,16 +71,29 @@ ExpertsView experts_view(const py::array& w, const TypeInfo& ti, const char* wha
     return v;
 }
 
-py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type) {
+// x: float32 rows, or float16 rows, or bf16 rows as uint16 (bf16=True); widened per row chunk on
+// the worker threads, so a converter can hand over raw checkpoint bytes.
+py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type, bool bf16) {
     const TypeInfo& ti = parse_type(type);
-    check_array<float>(x, "x", 2, "float32");
+    enum { F32, F16, BF16 } src;
+    if (bf16) {
+        check_array<uint16_t>(x, "x", 2, "uint16 (bf16 bits)");
+        src = BF16;
+    } else if (x.dtype().is(py::dtype("float16"))) {
+        if (x.ndim() != 2) fail("x must be 2-D, got " + std::to_string(x.ndim()) + "-D");
+        if (!(x.flags() & py::array::c_style)) fail("x must be C-contiguous (use np.ascontiguousarray)");
+        src = F16;
+    } else {
+        check_array<float>(x, "x", 2, "float32");
+        src = F32;
+    }
     const int64_t rows = x.shape(0), k = x.shape(1);
     if (k % ti.block_size != 0)
         fail("row length " + std::to_string(k) + " is not a multiple of the " + ti.name + " block size " +
              std::to_string(ti.block_size));
     const size_t rb = row_bytes(ti, k);
     py::array_t<uint8_t> out({(py::ssize_t)rows, (py::ssize_t)rb});
-    const float* src = (const float*)x.data();
+    const uint8_t* in = (const uint8_t*)x.data();
     uint8_t* dst = out.mutable_data();
     {
         py::gil_scoped_release nogil;
@@ -87,7 +101,14 @@ py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type) {
         const int64_t n_tasks = (rows + chunk - 1) / chunk;
         pool()->run(n_tasks, [&](int64_t t, int) {
             const int64_t r0 = t * chunk, r1 = std::min(rows, r0 + chunk);
-            quantize_rows(ti.type, src + r0 * k, dst + r0 * rb, r1 - r0, k);
+            if (src == F32) {
+                quantize_rows(ti.type, (const float*)in + r0 * k, dst + r0 * rb, r1 - r0, k);
+                return;
+            }
+            std::vector<float> buf((size_t)(r1 - r0) * k);
+            const uint16_t* h = (const uint16_t*)in + r0 * k;
+            for (size_t i = 0; i < buf.size(); i++) buf[i] = src == F16 ? fp16_to_f32(h[i]) : bf16_to_f32(h[i]);
+            quantize_rows(ti.type, buf.data(), dst + r0 * rb, r1 - r0, k);
         });
     }
     return out;
@@ -214,7 +235,9 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("n"));
     m.def("num_threads", [] { return pool()->size(); });
-    m.def("quantize", &py_quantize, py::arg("x"), py::arg("type"));
+    m.def("quantize", &py_quantize, py::arg("x"), py::arg("type"), py::kw_only(), py::arg("bf16") = false);
+    m.def("set_fast_quant_search", &set_fast_quant_search, py::arg("fast"),
+          "k-quant quantizers: True = the active ISA's search (default), False = the scalar reference");
     m.def("dequantize", &py_dequantize, py::arg("data"), py::arg("type"));
     m.def("matmul", &py_matmul, py::arg("x"), py::arg("w"), py::arg("type"), py::kw_only(),
           py::arg("isa") = py::none());

@@ -1,6 +1,8 @@
 // Picks the kernel table once, from what the CPU and OS report; CLOVER_ISA=ref|avx2|neon forces one.
 #include "dispatch.h"
 
+#include "quants.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -17,6 +19,9 @@ namespace clover {
 
 #if !defined(CLOVER_HAVE_AVX2)
 const Kernels* kernels_avx2() { return nullptr; }
+#endif
+#if !defined(CLOVER_HAVE_AVX2)
+const QuantSearch* quant_search_avx2() { return nullptr; }
 #endif
 #if !defined(CLOVER_HAVE_NEON)
 const Kernels* kernels_neon() { return nullptr; }
@@ -90,6 +95,9 @@ const Kernels& active_kernels() {
     return *g_active;
 }
 
-void set_active_isa(const std::string& isa) { g_active = &kernels_for(isa); }
+void set_active_isa(const std::string& isa) {
+    g_active = &kernels_for(isa);
+    set_fast_quant_search(true);
+}
 
 }  // namespace clover

@@ -2,6 +2,8 @@
 // -ffp-contract=off so that float results are the same as numpy's and ggml's reference code.
 #include "quants.h"
 
+#include "dispatch.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -175,6 +177,14 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
     return scale;
 }
 
+const QuantSearch REF_SEARCH = {make_qkx2_quants, make_qx_quants};
+const QuantSearch* g_search = nullptr;  // chosen on first use
+
+const QuantSearch& search() {
+    if (!g_search) set_fast_quant_search(true);
+    return *g_search;
+}
+
 // Fit 8 sub-block (scale, min) pairs, quantize them to 6 bits against fp16 d / dmin, and
 // requantize the weights against the rounded scales (shared by q4_K and q5_K).
 void fit_k_superblock(const float* x, int nmax, uint16_t* d_out, uint16_t* dmin_out, uint8_t* scales12,
@@ -189,7 +199,7 @@ void fit_k_superblock(const float* x, int nmax, uint16_t* d_out, uint16_t* dmin_
         for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
         const float rmin = nmax == 15 ? -1.f : -0.5f;
         const int nstep = nmax == 15 ? 20 : 15;
-        scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        scales[j] = search().qkx2(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
         max_scale = std::max(max_scale, scales[j]);
         max_min = std::max(max_min, mins[j]);
     }
@@ -263,7 +273,7 @@ void quantize_row_q6_K(const float* x, block_q6_K* y, int64_t k) {
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
         float max_scale = 0, max_abs_scale = 0;
         for (int ib = 0; ib < QK_K / 16; ++ib) {
-            const float scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
+            const float scale = search().qx(16, 32, x + 16 * ib, L + 16 * ib);
             scales[ib] = scale;
             if (std::fabs(scale) > max_abs_scale) {
                 max_abs_scale = std::fabs(scale);
@@ -387,6 +397,13 @@ const TypeInfo TYPES[] = {
 };
 
 }  // namespace
+
+const QuantSearch& quant_search_ref() { return REF_SEARCH; }
+
+void set_fast_quant_search(bool fast) {
+    const QuantSearch* avx2 = quant_search_avx2();
+    g_search = fast && avx2 && std::strcmp(active_kernels().isa, "avx2") == 0 ? avx2 : &REF_SEARCH;
+}
 
 const TypeInfo* type_info(int32_t type_id) {
     for (const auto& t : TYPES)

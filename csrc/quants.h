@@ -13,6 +13,19 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
 // Dequantize n_rows rows of k weights into fp32.
 void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_t k);
 
+// The inner searches of the k-quant reference quantizers (ggml's make_qkx2_quants and
+// make_qx_quants with rmse_type 1); an ISA file may provide a faster twin.
+struct QuantSearch {
+    float (*qkx2)(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min, uint8_t* Laux,
+                  float rmin, float rdelta, int nstep);
+    float (*qx)(int n, int nmax, const float* x, int8_t* L);
+};
+const QuantSearch& quant_search_ref();
+const QuantSearch* quant_search_avx2();  // null where the build has no AVX2 file
+// fast = true: use the active ISA's search (AVX2 results may differ from the scalar ones in rare
+// near-ties); false: the scalar reference everywhere.
+void set_fast_quant_search(bool fast);
+
 // Activation quantizers shared by every ISA so that all paths see identical integer inputs.
 void quantize_act_q8_a(const float* x, block_q8_a* y, int64_t k);
 void quantize_act_q8_K(const float* x, block_q8_K* y, int64_t k);

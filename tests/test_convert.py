@@ -318,11 +318,11 @@ def test_no_partial_file_on_failure(ckpts, tmp_path, monkeypatch):
     real = kernels.quantize
     calls = {"n": 0}
 
-    def failing(x, fmt):
+    def failing(x, fmt, **kw):
         calls["n"] += 1
         if calls["n"] == 10:
             raise KeyboardInterrupt
-        return real(x, fmt)
+        return real(x, fmt, **kw)
 
     monkeypatch.setattr(kernels, "quantize", failing)
     with pytest.raises(KeyboardInterrupt):

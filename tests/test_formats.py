@@ -114,3 +114,33 @@ def test_row_bytes_table():
     assert kernels.row_bytes("bf16", 3) == 6
     with pytest.raises(ValueError):
         kernels.row_bytes("q4_k", 100)
+
+
+@pytest.mark.parametrize("fmt,block_bytes", [("q4_k", 144), ("q5_k", 176), ("q6_k", 210)])
+def test_fast_kquant_search_matches_reference(fmt, block_bytes, rng):
+    """The SIMD twin of ggml's search picks the same quants except in rare near-ties."""
+    from clover_cpu import _core
+
+    x = rng.standard_normal((256, 1024)).astype(np.float32)
+    try:
+        _core.set_fast_quant_search(False)
+        ref = kernels.quantize(x, fmt)
+    finally:
+        _core.set_fast_quant_search(True)
+    fast = kernels.quantize(x, fmt)
+    same = (ref.reshape(-1, block_bytes) == fast.reshape(-1, block_bytes)).all(1).mean()
+    assert same >= 0.95, f"only {same:.3f} of the blocks are identical"
+    e_ref = np.sqrt(np.mean((kernels.dequantize(ref, fmt) - x) ** 2))
+    e_fast = np.sqrt(np.mean((kernels.dequantize(fast, fmt) - x) ** 2))
+    assert e_fast <= e_ref * 1.001, f"fast search error {e_fast} vs reference {e_ref}"
+
+
+def test_quantize_from_f16_and_bf16(rng):
+    x = rng.standard_normal((8, 512)).astype(np.float32)
+    h = x.astype(np.float16)
+    np.testing.assert_array_equal(kernels.quantize(h, "q4_k"), kernels.quantize(h.astype(np.float32), "q4_k"))
+    b = kernels.quantize(x, "bf16").view(np.uint16)
+    wide = (b.astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(kernels.quantize(b, "q8_0", bf16=True), kernels.quantize(wide, "q8_0"))
+    with pytest.raises(ValueError, match="uint16"):
+        kernels.quantize(x, "q8_0", bf16=True)
