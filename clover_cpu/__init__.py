@@ -19,6 +19,13 @@ def set_num_threads(n: int) -> None:
     _core.set_num_threads(int(n))
 
 
+def load(path, *, threads: int | None = None, ctx_len: int | None = None):
+    """Open a clover or qwen35moe GGUF file (validated, weights memory-mapped in place)."""
+    from .model import load as _load
+
+    return _load(path, threads=threads, ctx_len=ctx_len)
+
+
 def _init_threads() -> None:
     value = os.environ.get("CLOVER_THREADS")
     if value:
@@ -32,4 +39,4 @@ def _init_threads() -> None:
 _init_threads()
 system_info()  # choose the ISA now: a bad CLOVER_ISA fails at import, not mid-run
 
-__all__ = ["system_info", "set_num_threads", "__version__"]
+__all__ = ["load", "system_info", "set_num_threads", "__version__"]

@@ -1,0 +1,143 @@
+"""The model's shape and decoding defaults, read once from a GGUF file's metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .gguf_file import GGUFError, GGUFFile
+
+ARCHS = ("clover", "qwen35moe")
+
+
+@dataclass(frozen=True)
+class Config:
+    arch: str  # "clover" (block diffusion) or "qwen35moe" (autoregressive)
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int  # rotary dims per head (partial NeoX RoPE)
+    rope_theta: float
+    eps: float
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_ff_shexp: int
+    conv_kernel: int
+    n_k_heads: int  # Gated DeltaNet key heads
+    n_v_heads: int  # Gated DeltaNet value heads (value head h uses key head h % n_k_heads)
+    k_head_dim: int
+    v_head_dim: int
+    recurrent: tuple[bool, ...]  # per layer: Gated DeltaNet (True) or gated attention (False)
+    vocab_size: int
+    context_length: int
+    bos_token_id: int | None
+    eos_token_id: int | None
+    mask_token_id: int | None  # clover only
+    block_length: int  # clover: diffusion block; qwen35moe: 1
+    shift_logits: bool  # position i predicts token i+1 (True) or token i (False)
+    threshold: float  # clover's default confidence threshold
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.v_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def is_diffusion(self) -> bool:
+        return self.arch == "clover"
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> "Config":
+        arch = g.arch
+        if arch not in ARCHS:
+            raise GGUFError(f"architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
+        kv = g.kv
+
+        def get(key, default=None, kind=int):
+            full = f"{arch}.{key}"
+            if full not in kv:
+                if default is None:
+                    raise GGUFError(f"missing metadata key {full}")
+                return default
+            v = kv[full]
+            if hasattr(v, "tolist") and not isinstance(v, (int, float)):
+                v = v.tolist()
+            try:
+                return kind(v)
+            except (TypeError, ValueError):
+                raise GGUFError(f"metadata key {full} has a bad value {v!r}") from None
+
+        n_layer = get("block_count")
+        n_head = get("attention.head_count")
+        recurrent = kv.get(f"{arch}.attention.recurrent_layers")
+        if recurrent is not None:
+            recurrent = tuple(bool(b) for b in list(recurrent))[:n_layer]
+        else:
+            interval = get("full_attention_interval", 4)
+            recurrent = tuple((i + 1) % interval != 0 for i in range(n_layer))
+        if len(recurrent) != n_layer:
+            raise GGUFError(f"{arch}.attention.recurrent_layers has {len(recurrent)} entries for {n_layer} layers")
+        tokens = kv.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens:
+            raise GGUFError("missing tokenizer.ggml.tokens")
+
+        def token_id(key):
+            v = kv.get(key)
+            return int(v) if v is not None else None
+
+        k_head_dim = get("ssm.state_size")
+        n_v_heads = get("ssm.time_step_rank")
+        c = cls(
+            arch=arch,
+            n_embd=get("embedding_length"),
+            n_layer=n_layer,
+            n_head=n_head,
+            n_head_kv=get("attention.head_count_kv", n_head),
+            head_dim=get("attention.key_length"),
+            n_rot=get("rope.dimension_count"),
+            rope_theta=get("rope.freq_base", 10000.0, float),
+            eps=get("attention.layer_norm_rms_epsilon", kind=float),
+            n_expert=get("expert_count"),
+            n_expert_used=get("expert_used_count"),
+            n_ff_exp=get("expert_feed_forward_length"),
+            n_ff_shexp=get("expert_shared_feed_forward_length"),
+            conv_kernel=get("ssm.conv_kernel"),
+            n_k_heads=get("ssm.group_count"),
+            n_v_heads=n_v_heads,
+            k_head_dim=k_head_dim,
+            v_head_dim=get("ssm.value_head_dim", get("ssm.inner_size") // n_v_heads),
+            recurrent=recurrent,
+            vocab_size=len(tokens),
+            context_length=get("context_length"),
+            bos_token_id=token_id("tokenizer.ggml.bos_token_id"),
+            eos_token_id=token_id("tokenizer.ggml.eos_token_id"),
+            mask_token_id=token_id("tokenizer.ggml.mask_token_id"),
+            block_length=int(kv.get("clover.diffusion.block_length", 32)) if arch == "clover" else 1,
+            shift_logits=bool(kv.get("diffusion.shift_logits", arch != "clover")),
+            threshold=float(kv.get("clover.diffusion.threshold", 0.95)),
+        )
+        c.validate()
+        return c
+
+    def validate(self) -> None:
+        for name in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used", "n_ff_exp",
+                     "conv_kernel", "n_k_heads", "n_v_heads", "k_head_dim", "v_head_dim", "block_length"):
+            if getattr(self, name) <= 0:
+                raise GGUFError(f"bad model shape: {name} = {getattr(self, name)}")
+        if self.n_head % self.n_head_kv or self.n_v_heads % self.n_k_heads:
+            raise GGUFError("bad model shape: head counts do not divide")
+        if self.n_rot % 2 or self.n_rot > self.head_dim:
+            raise GGUFError(f"bad model shape: rope.dimension_count {self.n_rot}")
+        if self.n_expert_used > self.n_expert:
+            raise GGUFError("bad model shape: expert_used_count > expert_count")
+        if self.arch == "clover" and (self.mask_token_id is None or not 0 <= self.mask_token_id < self.vocab_size):
+            raise GGUFError("a clover file needs tokenizer.ggml.mask_token_id inside the vocabulary")

@@ -1,0 +1,161 @@
+"""The runtime's forward pass against transformers' qwen3_5_moe on tiny random configurations,
+and the caches: speculative runs, commits, snapshots."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import clover_cpu  # noqa: E402
+from clover_cpu.convert.hf import convert  # noqa: E402
+from clover_cpu.convert.synthetic import train_spm  # noqa: E402
+
+from conftest import check_close  # noqa: E402
+
+BASE = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+            linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+            shared_expert_intermediate_size=64, vocab_size=512, rms_norm_eps=1e-6, max_position_embeddings=4096,
+            full_attention_interval=4, tie_word_embeddings=False, partial_rotary_factor=0.25)
+# each differs from the Clover shape (and from BASE) in heads, value/key head ratio, conv kernel,
+# experts, top-k, head_dim and rotary fraction
+CONFIGS = {
+    "base": {},
+    "wide": dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, head_dim=16, linear_num_key_heads=1,
+                 linear_num_value_heads=3, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=2,
+                 num_experts=5, num_experts_per_tok=3, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                 partial_rotary_factor=0.5, full_attention_interval=2),
+    "mha": dict(num_attention_heads=2, num_key_value_heads=2, head_dim=64, linear_num_key_heads=4, linear_num_value_heads=4,
+                linear_conv_kernel_dim=3, num_experts=16, num_experts_per_tok=1, partial_rotary_factor=1.0,
+                num_hidden_layers=3, full_attention_interval=3),
+}
+
+
+def build(tmp_path, name, seed=0, model_type=None):
+    """A random transformers model saved in the HF layout plus our tokenizer, and its GGUF (f32)."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    kw = dict(BASE, **CONFIGS[name])
+    partial = kw.pop("partial_rotary_factor")
+    cfg = Qwen3_5MoeTextConfig(**kw, rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": partial})
+    torch.manual_seed(seed)
+    model = Qwen3_5MoeForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():  # make norms and gates non-trivial
+            if n.endswith("norm.weight") and "linear_attn" not in n:
+                p.normal_(0, 0.2)
+            if "dt_bias" in n:
+                p.normal_(0, 1.0)
+    src = tmp_path / f"hf-{name}"
+    model.save_pretrained(src, safe_serialization=True)
+    (src / "tokenizer.model").write_bytes(train_spm(512))
+    if model_type:
+        c = json.loads((src / "config.json").read_text())
+        c.update(model_type=model_type, mask_token_id=4, block_length=4)
+        (src / "config.json").write_text(json.dumps(c))
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    out = {}
+    for name in CONFIGS:
+        d = tmp_path_factory.mktemp(name)
+        hf = build(d, name)
+        for t in ("f32", "q8_0"):
+            convert(d / f"hf-{name}", d / f"{t}.gguf", out_type=t, log=lambda s: None, progress=False)
+        out[name] = (hf, d)
+    return out
+
+
+def hf_logits(hf, ids, mask=None):
+    with torch.no_grad():
+        kw = {} if mask is None else {"attention_mask": mask}
+        return hf(torch.tensor(np.asarray(ids))[None], **kw).logits[0].float().numpy()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_forward_matches_transformers(models, name):
+    hf, d = models[name]
+    ids = np.random.default_rng(1).integers(0, 512, 37)
+    want = hf_logits(hf, ids)
+    m = clover_cpu.load(d / "f32.gguf")
+    check_close(m.forward(ids), want, 2e-4, f"{name} f32")
+    assert m.config.arch == "qwen35moe"
+    q = clover_cpu.load(d / "q8_0.gguf")
+    got = q.forward(ids)
+    # 8-bit weights and activations: small relative error overall (a routing flip may move one row more)
+    rel = np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2))
+    assert rel < 0.05, f"{name} q8_0: relative RMSE {rel:.4f}"
+    assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.9
+
+
+def test_speculative_then_commit_equals_one_run(models):
+    hf, d = models["base"]
+    m = clover_cpu.load(d / "f32.gguf")
+    ids = np.random.default_rng(2).integers(0, 512, 30)
+    full = m.forward(ids)
+    cache = m.new_cache()
+    a = m.run(cache, ids[:12], commit=True)
+    check_close(a, full[:12], 1e-5, "prefill")
+    spec = m.run(cache, ids[12:20], commit=False)
+    assert cache.n == 12
+    spec2 = m.run(cache, ids[12:20], commit=False)  # the caches did not move
+    np.testing.assert_array_equal(spec, spec2)
+    com = m.run(cache, ids[12:20], commit=True)
+    np.testing.assert_array_equal(spec, com)
+    check_close(com, full[12:20], 1e-5, "commit")
+    snap = cache.snapshot()
+    rest = m.run(cache, ids[20:], commit=True)
+    check_close(rest, full[20:], 1e-5, "rest")
+    cache.restore(snap)
+    assert cache.n == 20
+    np.testing.assert_array_equal(m.run(cache, ids[20:], commit=True), rest)
+
+
+def test_one_token_at_a_time(models):
+    hf, d = models["wide"]
+    m = clover_cpu.load(d / "f32.gguf")
+    ids = np.random.default_rng(3).integers(0, 512, 9)
+    full = m.forward(ids)
+    cache = m.new_cache()
+    steps = np.concatenate([m.run(cache, [t], commit=True) for t in ids])
+    check_close(steps, full, 1e-5, "token by token")
+
+
+def test_clover_block_causal_matches_transformers_with_block_mask(tmp_path):
+    """Clover: full-attention layers see their whole block; GDN layers stay causal."""
+    B = 4
+    hf = build(tmp_path, "base", seed=5, model_type="clover")
+    convert(tmp_path / "hf-base", tmp_path / "c.gguf", out_type="f32", log=lambda s: None, progress=False)
+    m = clover_cpu.load(tmp_path / "c.gguf")
+    assert m.config.arch == "clover" and m.config.block_length == B
+    ids = np.random.default_rng(4).integers(0, 512, 14)
+    T = len(ids)
+    pos = np.arange(T)
+    allowed = (pos[None, :] // B) <= (pos[:, None] // B)
+    mask = torch.where(torch.tensor(allowed), 0.0, float("-inf"))[None, None]
+    want = hf_logits(hf, ids, mask)
+    check_close(m.forward(ids), want, 2e-4, "block-causal")
+    # and it differs from causal: the block pattern is really used
+    assert np.abs(m.run(m.new_cache(), ids, commit=False) - want).max() > 1e-3
+
+
+def test_context_limit_and_bad_ids(models):
+    _, d = models["base"]
+    m = clover_cpu.load(d / "f32.gguf", ctx_len=16)
+    with pytest.raises(ValueError, match="context"):
+        m.forward(np.zeros(17, np.int64))
+    with pytest.raises(ValueError, match="token ids"):
+        m.forward([600])
+
+
+def test_tokenizer_roundtrip(models):
+    _, d = models["base"]
+    m = clover_cpu.load(d / "f32.gguf")
+    text = "def f(x):\n    return x + 1  # ünïcode\n"
+    ids = m.tokenize(text)
+    assert m.detokenize(ids) == text
