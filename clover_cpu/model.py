@@ -376,6 +376,28 @@ class Model:
         block = self.config.block_length if self.config.is_diffusion else None
         return self.run(self.new_cache(), token_ids, commit=False, block=block)
 
+    def greedy(self, prompt_ids, max_new_tokens: int, *, stop_at_eos: bool = True):
+        """Plain autoregressive greedy decoding (B = 1) through the caches: the prompt is prefilled once,
+        then one committed token per forward. Yields token ids as they are chosen."""
+        if max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) + max_new_tokens > self.ctx_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceed the context length {self.ctx_len}")
+        cache = self.new_cache()
+        if max_new_tokens == 0:
+            return
+        h = self.run(cache, ids, commit=True, logits=False)[-1:]
+        for step in range(max_new_tokens):
+            logits = mat(h, self.output)[0]
+            tok = int(np.argmax(logits))  # ties: the lowest id
+            yield tok
+            if (stop_at_eos and tok == self.config.eos_token_id) or step == max_new_tokens - 1:
+                return
+            h = self.run(cache, [tok], commit=True, logits=False)
+
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 

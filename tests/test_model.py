@@ -159,3 +159,17 @@ def test_tokenizer_roundtrip(models):
     text = "def f(x):\n    return x + 1  # ünïcode\n"
     ids = m.tokenize(text)
     assert m.detokenize(ids) == text
+
+
+def test_greedy_matches_transformers_generate(models):
+    hf, d = models["base"]
+    m = clover_cpu.load(d / "f32.gguf")
+    prompt = np.random.default_rng(6).integers(5, 512, 7)
+    ours = list(m.greedy(prompt, 12, stop_at_eos=False))
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor(prompt)[None], max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours == ref
+    assert list(m.greedy(prompt, 0)) == []
+    with pytest.raises(ValueError, match="context"):
+        list(clover_cpu.load(d / "f32.gguf", ctx_len=10).greedy(prompt, 5))
