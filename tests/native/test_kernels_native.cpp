@@ -1,0 +1,438 @@
+// The SIMD kernel tables of this build against the scalar reference, without Python: every format on
+// random and adversarial data, at shapes that are not multiples of the tiles, and the MoE product against
+// per-expert matmuls. run_aarch64.sh builds it for aarch64 and runs it under qemu-user; on an x86 build
+// (with kernels_avx2.cpp) it checks AVX2 the same way.
+// Usage: test_kernels_native [--expect-dotprod=yes|no]. Ends with the line "N passed, M failed".
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dispatch.h"
+#include "kernels.h"
+#include "ops.h"
+#include "quants.h"
+
+namespace clover {
+// Both builds of kernels_neon.cpp (defined there; kernels.h declares only the dispatched kernels_neon()).
+const Kernels* kernels_neon_plain();
+const Kernels* kernels_neon_dotprod();
+}  // namespace clover
+
+using namespace clover;
+
+namespace {
+
+// SIMD vs scalar: the same integer block dots, only the float summation order differs (of max |ref|).
+constexpr double TOL_VS_REF = 2e-5;
+// MoE vs the same kernels run expert by expert: grouping must not change the numbers.
+constexpr double TOL_MOE_GROUPING = 1e-6;
+// MoE vs per-expert products on the scalar kernels: a hidden value that lands within rounding of an int8
+// step boundary may requantize one step differently (about 1/127 of one of I terms). Without such a step
+// the difference is float summation order only (below 1e-6 here; k-quants are bit for bit).
+constexpr double TOL_MOE_VS_REF = 2e-3;
+
+int g_passed = 0, g_failed = 0;
+
+struct Table {
+    std::string name;
+    const Kernels* k;
+};
+
+struct Format {
+    Type type;
+    const char* name;
+    int block;  // weights per block; 1 for the float formats
+};
+
+const Format FORMATS[] = {
+    {Type::F32, "f32", 1},      {Type::F16, "f16", 1},     {Type::BF16, "bf16", 1},    {Type::Q8_0, "q8_0", QK},
+    {Type::Q4_0, "q4_0", QK},   {Type::Q4_K, "q4_K", QK_K}, {Type::Q5_K, "q5_K", QK_K}, {Type::Q6_K, "q6_K", QK_K},
+};
+
+const Format& format(Type t) {
+    for (const Format& f : FORMATS)
+        if (f.type == t) return f;
+    return FORMATS[0];
+}
+
+bool is_float(Type t) { return t == Type::F32 || t == Type::F16 || t == Type::BF16; }
+
+// Compare got against want (both n values); print the first mismatches and the max difference on failure.
+bool check(const std::string& what, const float* got, const float* want, size_t n, double tol) {
+    double scale = 0.0;
+    for (size_t i = 0; i < n; i++) scale = std::max(scale, std::fabs((double)want[i]));
+    double max_diff = 0.0;
+    size_t n_bad = 0;
+    std::string lines;
+    for (size_t i = 0; i < n; i++) {
+        const double diff = std::fabs((double)got[i] - (double)want[i]);
+        if (!(diff <= tol * scale)) {  // NaN fails too
+            if (n_bad < 5) {
+                char buf[160];
+                std::snprintf(buf, sizeof buf, "    at %zu: got %.9g, want %.9g\n", i, got[i], want[i]);
+                lines += buf;
+            }
+            n_bad++;
+        }
+        if (!(diff <= max_diff)) max_diff = diff;
+    }
+    if (n_bad == 0) {
+        g_passed++;
+        return true;
+    }
+    g_failed++;
+    std::printf("FAIL %s: %zu of %zu values off; max diff %.3e (tolerance %.1e x %.3e)\n%s", what.c_str(), n_bad, n,
+                max_diff, tol, scale, lines.c_str());
+    return false;
+}
+
+void expect(bool ok, const std::string& what) {
+    if (ok) {
+        g_passed++;
+    } else {
+        g_failed++;
+        std::printf("FAIL %s\n", what.c_str());
+    }
+}
+
+// ---- weights ----
+
+enum class WData { RANDOM, LARGE, ZERO, EXTREME, RAW, MINUS_128 };
+const char* wdata_name(WData d) {
+    switch (d) {
+        case WData::RANDOM: return "random";
+        case WData::LARGE: return "large";
+        case WData::ZERO: return "zero";
+        case WData::EXTREME: return "extreme";
+        case WData::RAW: return "raw-bytes";
+        case WData::MINUS_128: return "minus-128";
+    }
+    return "?";
+}
+
+std::vector<float> normal(std::mt19937& rng, size_t n, float scale) {
+    std::normal_distribution<float> dist(0.f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = dist(rng);
+    return v;
+}
+
+// Random bytes in every field of every block, with finite scales of moderate size: covers bit patterns
+// the quantizers never write (all 6-bit scales and mins, q6_K scales of -128, q8_0 quants of -128).
+void fill_raw_blocks(std::mt19937& rng, Type t, uint8_t* data, size_t n_blocks) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+    const TypeInfo& ti = *type_info((int32_t)t);
+    for (size_t i = 0; i < n_blocks * ti.block_bytes; i++) data[i] = (uint8_t)byte(rng);
+    for (size_t b = 0; b < n_blocks; b++) {
+        uint8_t* blk = data + b * ti.block_bytes;
+        auto set_half = [&](size_t offset) {
+            const uint16_t h = f32_to_fp16(scale(rng));
+            std::memcpy(blk + offset, &h, 2);
+        };
+        switch (t) {
+            case Type::Q8_0: set_half(offsetof(block_q8_0, d)); break;
+            case Type::Q4_0: set_half(offsetof(block_q4_0, d)); break;
+            case Type::Q4_K:
+                set_half(offsetof(block_q4_K, d));
+                set_half(offsetof(block_q4_K, dmin));
+                break;
+            case Type::Q5_K:
+                set_half(offsetof(block_q5_K, d));
+                set_half(offsetof(block_q5_K, dmin));
+                break;
+            case Type::Q6_K: set_half(offsetof(block_q6_K, d)); break;
+            default: break;
+        }
+    }
+}
+
+std::vector<uint8_t> make_weights(std::mt19937& rng, const Format& f, int64_t N, int64_t K, WData d) {
+    const TypeInfo& ti = *type_info((int32_t)f.type);
+    std::vector<uint8_t> w(row_bytes(ti, K) * N);
+    std::vector<float> x((size_t)(N * K), 0.f);
+    switch (d) {
+        case WData::RANDOM: x = normal(rng, x.size(), 1.f); break;
+        case WData::LARGE: x = normal(rng, x.size(), 1e3f); break;
+        case WData::ZERO: break;
+        case WData::EXTREME:
+            // +-1 alternating, all +1 and all -1 rows: the largest quants each format allows
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t k = 0; k < K; k++) x[n * K + k] = n % 3 == 0 ? (k % 2 ? -1.f : 1.f) : n % 3 == 1 ? 1.f : -1.f;
+            break;
+        case WData::RAW:
+        case WData::MINUS_128: break;
+    }
+    quantize_rows(f.type, x.data(), w.data(), N, K);
+    if (d == WData::RAW) fill_raw_blocks(rng, f.type, w.data(), w.size() / ti.block_bytes);
+    if (d == WData::MINUS_128) {  // a file may hold -128 in a Q8_0 block; the quantizer never writes it
+        quantize_rows(f.type, normal(rng, x.size(), 1.f).data(), w.data(), N, K);
+        for (size_t b = 0; b < w.size() / sizeof(block_q8_0); b++)
+            std::memset(((block_q8_0*)w.data())[b].qs, 0x80, QK);
+    }
+    return w;
+}
+
+// ---- activations, quantized with the shared quantizer (ops.h) as the product does ----
+
+enum class XData { RANDOM, LARGE, ZERO, SPIKY, EXTREME, RAW };
+const char* xdata_name(XData d) {
+    switch (d) {
+        case XData::RANDOM: return "random";
+        case XData::LARGE: return "large";
+        case XData::ZERO: return "zero";
+        case XData::SPIKY: return "spiky";
+        case XData::EXTREME: return "extreme";
+        case XData::RAW: return "raw-int8";
+    }
+    return "?";
+}
+
+std::vector<uint8_t> make_acts(std::mt19937& rng, const Format& f, int64_t M, int64_t K, XData d) {
+    std::vector<float> x((size_t)(M * K), 0.f);
+    switch (d) {
+        case XData::RANDOM:
+        case XData::RAW: x = normal(rng, x.size(), 1.f); break;
+        case XData::LARGE: x = normal(rng, x.size(), 1e4f); break;
+        case XData::ZERO: break;
+        case XData::SPIKY:  // one dominant value per 32, the rest tiny
+            x = normal(rng, x.size(), 1e-3f);
+            for (size_t i = 0; i < x.size(); i++)
+                if (i % 32 == 5) x[i] = 100.f;
+            break;
+        case XData::EXTREME:  // rows of +1 and of -1: activation quants of +-127
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t k = 0; k < K; k++) x[m * K + k] = m % 2 ? -1.f : 1.f;
+            break;
+    }
+    std::vector<uint8_t> q(act_row_bytes(f.type, K) * M);
+    quantize_acts(f.type, x.data(), M, K, q.data());
+    if (d == XData::RAW && !is_float(f.type)) {
+        // any int8 in -127..127 (the activation quantizers' range), bsums kept consistent
+        std::uniform_int_distribution<int> qv(-127, 127);
+        if (act_format(f.type) == ActFormat::Q8_A) {
+            for (size_t b = 0; b < q.size() / sizeof(block_q8_a); b++)
+                for (auto& v : ((block_q8_a*)q.data())[b].qs) v = (int8_t)qv(rng);
+        } else {
+            for (size_t b = 0; b < q.size() / sizeof(block_q8_K); b++) {
+                block_q8_K& blk = ((block_q8_K*)q.data())[b];
+                for (int g = 0; g < QK_K / 16; g++) {
+                    int s = 0;
+                    for (int j = 0; j < 16; j++) {
+                        blk.qs[16 * g + j] = (int8_t)qv(rng);
+                        s += blk.qs[16 * g + j];
+                    }
+                    blk.bsums[g] = (int16_t)s;
+                }
+            }
+        }
+    }
+    return q;
+}
+
+// ---- one gemm against the reference ----
+
+// Rows [n0, n1) of an N-row weight for M tokens, output with a padded stride. Cells outside the
+// requested rows must keep their sentinel.
+void check_gemm(const Table& tb, const Format& f, int64_t N, int64_t K, int M, int64_t n0, int64_t n1,
+                const std::vector<uint8_t>& w, const std::vector<uint8_t>& x, const std::string& what) {
+    const size_t wrb = row_bytes(*type_info((int32_t)f.type), K), xrb = act_row_bytes(f.type, K);
+    const int64_t ldy = N + 3;
+    const float sentinel = -12345.f;
+    std::vector<float> want((size_t)(M * ldy), sentinel), got((size_t)(M * ldy), sentinel);
+    kernels_ref().gemm(f.type)(w.data(), wrb, x.data(), xrb, K, M, want.data(), ldy, n0, n1);
+    tb.k->gemm(f.type)(w.data(), wrb, x.data(), xrb, K, M, got.data(), ldy, n0, n1);
+    std::vector<float> g, r;
+    bool outside_ok = true;
+    for (int m = 0; m < M; m++)
+        for (int64_t n = 0; n < ldy; n++) {
+            const float a = got[m * ldy + n], b = want[m * ldy + n];
+            if (n >= n0 && n < n1) {
+                g.push_back(a);
+                r.push_back(b);
+            } else if (a != sentinel) {
+                outside_ok = false;
+            }
+        }
+    const std::string name = tb.name + " " + f.name + " " + what;
+    if (!check(name, g.data(), r.data(), g.size(), TOL_VS_REF)) return;
+    expect(outside_ok, name + ": wrote outside rows [n0, n1)");
+}
+
+std::string shape(int64_t N, int64_t K, int M, int64_t n0, int64_t n1) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "N=%lld K=%lld M=%d rows=[%lld,%lld)", (long long)N, (long long)K, M, (long long)n0,
+                  (long long)n1);
+    return buf;
+}
+
+void test_gemm(const Table& tb, std::mt19937& rng) {
+    const int Ms[] = {1, 2, 3, 4, 5, 7, 8, 33};
+    const int64_t Ns[] = {1, 3, 6, 9};  // tiles are 4 rows (M = 1) or 2 rows
+    for (const Format& f : FORMATS) {
+        // K: the smallest block multiple, and a few blocks; float formats also any K (scalar tails)
+        std::vector<int64_t> Ks;
+        if (f.block == 1)
+            Ks = {1, 3, 4, 7, 9, 31, 64, 257};
+        else
+            Ks = {f.block, 3 * f.block};
+        // random data over every shape, full rows and an odd sub-range of rows
+        for (int64_t K : Ks)
+            for (int64_t N : Ns)
+                for (int M : Ms) {
+                    const auto w = make_weights(rng, f, N, K, WData::RANDOM);
+                    const auto x = make_acts(rng, f, M, K, XData::RANDOM);
+                    check_gemm(tb, f, N, K, M, 0, N, w, x, "random " + shape(N, K, M, 0, N));
+                    if (N > 2) check_gemm(tb, f, N, K, M, 1, N - 1, w, x, "random " + shape(N, K, M, 1, N - 1));
+                }
+        // adversarial data at a few shapes
+        const int64_t K = f.block == 1 ? 67 : 2 * f.block;
+        std::vector<std::pair<WData, XData>> cases = {
+            {WData::ZERO, XData::RANDOM}, {WData::RANDOM, XData::ZERO},   {WData::ZERO, XData::ZERO},
+            {WData::LARGE, XData::LARGE}, {WData::RANDOM, XData::SPIKY},  {WData::EXTREME, XData::EXTREME},
+        };
+        if (!is_float(f.type)) {
+            cases.push_back({WData::RAW, XData::RAW});
+            cases.push_back({WData::RAW, XData::EXTREME});
+        }
+        if (f.type == Type::Q8_0) {
+            cases.push_back({WData::MINUS_128, XData::EXTREME});
+            cases.push_back({WData::MINUS_128, XData::RAW});
+        }
+        for (const auto& [wd, xd] : cases)
+            for (int M : {1, 5, 33})
+                for (int64_t N : {int64_t(3), int64_t(9)}) {
+                    const auto w = make_weights(rng, f, N, K, wd);
+                    const auto x = make_acts(rng, f, M, K, xd);
+                    check_gemm(tb, f, N, K, M, 0, N, w, x,
+                               std::string(wdata_name(wd)) + " weights, " + xdata_name(xd) + " acts " +
+                                   shape(N, K, M, 0, N));
+                }
+    }
+}
+
+// ---- mixture of experts ----
+
+float silu(float x) { return x / (1.f + std::exp(-x)); }
+
+struct Experts {
+    std::vector<uint8_t> data;
+    ExpertsView view;
+};
+
+Experts make_experts(std::mt19937& rng, const Format& f, int64_t E, int64_t rows, int64_t k) {
+    Experts ex;
+    const size_t rb = row_bytes(*type_info((int32_t)f.type), k);
+    ex.data.resize(rb * rows * E);
+    quantize_rows(f.type, normal(rng, (size_t)(E * rows * k), 0.2f).data(), ex.data.data(), E * rows, k);
+    ex.view = ExpertsView{WeightView{f.type, ex.data.data(), rows, k, rb}, E};
+    return ex;
+}
+
+// out[t] = sum_j w[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), one token and one expert at a time.
+std::vector<float> moe_per_expert(const Kernels& kr, const std::vector<float>& X, int64_t M,
+                                  const std::vector<int32_t>& ids, const std::vector<float>& wts, int top_k,
+                                  const Experts& gate, const Experts& up, const Experts& down) {
+    const int64_t H = gate.view.w.k, I = gate.view.w.rows;
+    std::vector<float> out((size_t)(M * H), 0.f), g(I), u(I), d(H);
+    for (int64_t t = 0; t < M; t++)
+        for (int j = 0; j < top_k; j++) {
+            const int64_t e = ids[t * top_k + j];
+            matmul(kr, gate.view.expert(e), &X[t * H], 1, g.data());
+            matmul(kr, up.view.expert(e), &X[t * H], 1, u.data());
+            for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * u[i];
+            matmul(kr, down.view.expert(e), g.data(), 1, d.data());
+            for (int64_t n = 0; n < H; n++) out[t * H + n] += wts[t * top_k + j] * d[n];
+        }
+    return out;
+}
+
+void test_moe(const Table& tb, std::mt19937& rng) {
+    const int64_t E = 8, H = 256, I = 256;
+    const int top_k = 3;
+    // (gate and up, down) formats
+    const std::pair<Type, Type> cases[] = {
+        {Type::Q4_K, Type::Q6_K}, {Type::Q4_0, Type::Q8_0}, {Type::Q8_0, Type::Q5_K},
+        {Type::F16, Type::F32},   {Type::BF16, Type::Q4_K},
+    };
+    for (const auto& [tu, td] : cases) {
+        const Format &fu = format(tu), &fd = format(td);
+        const Experts gate = make_experts(rng, fu, E, I, H), up = make_experts(rng, fu, E, I, H);
+        const Experts down = make_experts(rng, fd, E, H, I);
+        // M tokens; skewed: every token on expert 2, listed twice, plus one other
+        for (const auto& [M, skewed] : {std::pair<int64_t, bool>{1, false}, {6, false}, {19, false}, {7, true}}) {
+            const std::vector<float> X = normal(rng, (size_t)(M * H), 1.f);
+            std::vector<int32_t> ids((size_t)(M * top_k));
+            std::vector<float> wts(ids.size());
+            std::uniform_real_distribution<float> uni(0.05f, 1.f);
+            for (int64_t t = 0; t < M; t++) {
+                std::vector<int32_t> perm(E);
+                for (int e = 0; e < E; e++) perm[e] = e;
+                std::shuffle(perm.begin(), perm.end(), rng);
+                float sum = 0.f;
+                for (int j = 0; j < top_k; j++) {
+                    ids[t * top_k + j] = skewed ? (j < 2 ? 2 : perm[0] == 2 ? perm[1] : perm[0]) : perm[j];
+                    sum += wts[t * top_k + j] = uni(rng);
+                }
+                for (int j = 0; j < top_k; j++) wts[t * top_k + j] /= sum;
+            }
+            std::vector<float> out((size_t)(M * H));
+            moe(*tb.k, X.data(), M, ids.data(), wts.data(), top_k, gate.view, up.view, down.view, out.data());
+            const std::string what = tb.name + " moe " + fu.name + "/" + fd.name + " M=" + std::to_string(M) +
+                                     (skewed ? " skewed" : "");
+            const auto same = moe_per_expert(*tb.k, X, M, ids, wts, top_k, gate, up, down);
+            check(what + " vs per-expert (same kernels)", out.data(), same.data(), out.size(), TOL_MOE_GROUPING);
+            const auto ref = moe_per_expert(kernels_ref(), X, M, ids, wts, top_k, gate, up, down);
+            check(what + " vs per-expert (scalar kernels)", out.data(), ref.data(), out.size(), TOL_MOE_VS_REF);
+        }
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string expect_dotprod;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a.rfind("--expect-dotprod=", 0) == 0) {
+            expect_dotprod = a.substr(17);
+        } else {
+            std::fprintf(stderr, "usage: %s [--expect-dotprod=yes|no]\n", argv[0]);
+            return 2;
+        }
+    }
+    const CpuFeatures cpu = cpu_features();
+    std::vector<Table> tables;
+#if defined(CLOVER_HAVE_NEON)
+    std::printf("cpu: neon %d, dotprod %d, i8mm %d\n", cpu.neon, cpu.dotprod, cpu.i8mm);
+    if (!expect_dotprod.empty()) expect(cpu.dotprod == (expect_dotprod == "yes"), "cpu reports dotprod " + expect_dotprod);
+    // The dispatched table is the dot-product build exactly when the CPU has it, and is called "neon".
+    expect(kernels_neon() == (cpu.dotprod ? kernels_neon_dotprod() : kernels_neon_plain()),
+           "kernels_neon() picks the dotprod build iff the cpu has dotprod");
+    expect(std::string(kernels_neon()->isa) == "neon" && available_isas().back() == "neon",
+           "neon is listed and is the best isa");
+    tables.push_back({"neon", kernels_neon_plain()});
+    if (cpu.dotprod) tables.push_back({"neon+dotprod", kernels_neon_dotprod()});
+#endif
+#if defined(CLOVER_HAVE_AVX2)
+    std::printf("cpu: avx2 %d, fma %d, f16c %d\n", cpu.avx2, cpu.fma, cpu.f16c);
+    if (cpu.avx2 && cpu.fma && cpu.f16c) tables.push_back({"avx2", kernels_avx2()});
+#endif
+    expect(!tables.empty(), "this build and cpu have a SIMD table to test");
+
+    for (const Table& tb : tables) {
+        const int p0 = g_passed, f0 = g_failed;
+        std::mt19937 rng(1234);
+        test_gemm(tb, rng);
+        test_moe(tb, rng);
+        std::printf("%s: %d passed, %d failed\n", tb.name.c_str(), g_passed - p0, g_failed - f0);
+    }
+    std::printf("%d passed, %d failed\n", g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+}
