@@ -18,6 +18,8 @@
 namespace py = pybind11;
 using namespace clover;
 
+void bind_model_ops(py::module_& m);  // bind_model_ops.cpp
+
 namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw py::value_error(msg); }
@@ -244,6 +246,7 @@ PYBIND11_MODULE(_core, m) {
     m.def("moe", &py_moe, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("gate"), py::arg("up"),
           py::arg("down"), py::arg("gate_type"), py::arg("up_type"), py::arg("down_type"), py::kw_only(),
           py::arg("isa") = py::none());
+    bind_model_ops(m);
     m.def("type_table", [] {
         py::list out;
         for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}) {

@@ -1,0 +1,112 @@
+// Operators of the Clover forward pass: RMSNorm variants, partial NeoX RoPE, block-causal gated
+// attention over an F16/F32 KV cache, causal depthwise conv, the gated delta rule (recurrent and
+// chunked WY forms), router top-k, SwiGLU and the GDN gates. Sources: /work/shared/reference/
+// qwen35moe-forward.md sections 3-6. Per-ISA row kernels sit in a table (model_ops.cpp: scalar,
+// model_ops_avx2.cpp: AVX2); the drivers below own threading, masks and chunking.
+// All arrays are float32, C-contiguous and token-major ([T, ...]).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace clover {
+
+// One attention job: queries of heads [h0, h1) x tokens [t0, t1), all served by kv head g.
+struct AttnArgs {
+    const float* q;        // [T, n_head, D]
+    const void* k;         // [S, n_head_kv, D] fp32 or fp16 bits
+    const void* v;         // [S, n_head_kv, D]
+    const int32_t* limit;  // [T]: token t attends to cache rows [0, limit[t])
+    const float* gate;     // [T, n_head, D] or null: o *= sigmoid(gate)
+    float* o;              // [T, n_head, D]
+    int64_t n_head, n_head_kv, D;
+    float scale;
+};
+using attention_fn = void (*)(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_t t0, int64_t t1);
+
+// One value head of the recurrent gated delta rule, over T tokens. q, k are already L2-normalised
+// (q also scaled by 1/sqrt(dk)); rows of token t start at t * *_stride floats.
+struct GdnHeadArgs {
+    const float* q;  // [T, dk] with q_stride
+    const float* k;  // [T, dk] with k_stride
+    const float* v;  // [T, dv] with v_stride
+    const float* g;  // [T] with gb_stride: log decay
+    const float* beta;
+    float* S;  // [dk, dv] fp32, updated in place
+    float* o;  // [T, dv] with o_stride
+    int64_t T, dk, dv;
+    int64_t q_stride, k_stride, v_stride, gb_stride, o_stride;
+};
+
+struct ModelKernels {
+    const char* isa;
+    // y[d] = x / sqrt(mean(x^2) + eps) * w
+    void (*rms_norm)(const float* x, const float* w, int64_t d, float eps, float* y);
+    // y[d] = w * (o / sqrt(mean(o^2) + eps)) * silu(z)
+    void (*gated_rms_norm)(const float* o, const float* z, const float* w, int64_t d, float eps, float* y);
+    // y[d] = x * rsqrt(sum(x^2) + 1e-6) * scale
+    void (*l2_norm)(const float* x, int64_t d, float scale, float* y);
+    void (*swiglu)(const float* gate, const float* up, int64_t n, float* y);  // silu(gate) * up
+    void (*sigmoid_mul)(const float* x, const float* gate, int64_t n, float* y);
+    // y[t, c] = silu(sum_j w[c, j] * xx[t + j, c]) for c in [c0, c1), xx = concat(state[K-1, C], x[T, C])
+    void (*conv1d_silu)(const float* x, const float* w, const float* state, int64_t T, int64_t C, int64_t K,
+                        int64_t c0, int64_t c1, float* y);
+    attention_fn attention_f32;
+    attention_fn attention_f16;
+    void (*gdn_recurrent)(const GdnHeadArgs& a);
+    // C[m, n] = beta * C + alpha * A[m, k] @ B[k, n], row-major with leading dimensions; beta = 0 ignores C.
+    void (*matmul)(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                   int64_t ldc, float alpha, float beta);
+};
+
+const ModelKernels& model_kernels_ref();
+const ModelKernels* model_kernels_avx2();  // null in builds without the AVX2 file
+// The table for an ISA name ("ref", "avx2"; "neon" runs the scalar table); throws std::invalid_argument
+// when the ISA is not available. The active table follows dispatch.h's active ISA.
+const ModelKernels& model_kernels_for(const std::string& isa);
+const ModelKernels& active_model_kernels();
+
+// ---- drivers (threaded over rows or heads; results do not depend on the thread count) ----
+
+void rms_norm(const ModelKernels& kr, const float* x, const float* w, int64_t rows, int64_t d, float eps, float* y);
+void gated_rms_norm(const ModelKernels& kr, const float* o, const float* z, const float* w, int64_t rows, int64_t d,
+                    float eps, float* y);
+
+// In place on x[T, H, D]: rotate-half RoPE on dims [0, n_rot) of every head, pairs (i, i + n_rot/2),
+// angle pos * theta^(-2i/n_rot) computed in double.
+void rope_neox(float* x, const int32_t* pos, int64_t T, int64_t H, int64_t D, int64_t n_rot, double theta);
+
+enum class AttnMask { Causal, BlockCausal };
+// o[T, Hq, D] = softmax(scale * q k^T) v over the rows each query may see (the cache row index is the
+// absolute position): causal s <= p, block-causal s / B <= p / B; always s < n_kv. A query that sees
+// no row gets zeros. gate (or null): o *= sigmoid(gate). kv_f16: the caches hold fp16 bits.
+void attention(const ModelKernels& kr, const float* q, const void* k, const void* v, bool kv_f16,
+               const int32_t* q_pos, const float* gate, int64_t T, int64_t n_head, int64_t n_head_kv, int64_t D,
+               int64_t n_kv, AttnMask mask, int64_t block_length, float scale, float* o);
+
+// y[T, C] = silu(causal depthwise conv); w[C, K] (tap K-1 multiplies the current token); state[K-1, C]
+// holds the last K-1 raw inputs before x, oldest first, and becomes the last K-1 rows of concat(state, x)
+// when update_state.
+void conv1d_silu(const ModelKernels& kr, const float* x, const float* w, float* state, int64_t T, int64_t C,
+                 int64_t K, bool update_state, float* y);
+
+enum class GdnMode { Recurrent, Chunked };
+constexpr int64_t GDN_CHUNK = 64;
+// Gated delta rule (reference 4.5 / 4.6). q, k [T, Hk, dk]; v [T, Hv, dv]; g, beta [T, Hv];
+// state [Hv, dk, dv]; o [T, Hv, dv]. Value head h uses key head h % Hk (llama.cpp's tiled order).
+// q, k are L2-normalised here, q scaled by 1/sqrt(dk). update_state = false leaves state untouched.
+void gated_delta_rule(const ModelKernels& kr, GdnMode mode, const float* q, const float* k, const float* v,
+                      const float* g, const float* beta, float* state, int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
+                      int64_t dv, bool update_state, float* o);
+
+// Softmax over E (fp32), top-k by probability (ties: the lower expert index first), renormalised.
+void router_topk(const float* logits, int64_t T, int64_t E, int64_t k, int32_t* ids, float* weights);
+
+void swiglu(const ModelKernels& kr, const float* gate, const float* up, int64_t n, float* y);
+void sigmoid_mul(const ModelKernels& kr, const float* x, const float* gate, int64_t n, float* y);
+
+// g = ssm_a * softplus(a + dt_bias) (softplus threshold 20), beta = sigmoid(b); a, b, g, beta [T, Hv].
+void gdn_gates(const float* a, const float* b, const float* dt_bias, const float* ssm_a, int64_t T, int64_t Hv,
+               float* g, float* beta);
+
+}  // namespace clover
