@@ -275,7 +275,7 @@ class Model:
 
     # -- the layers --
 
-    def _attention(self, i: int, L: dict, x: np.ndarray, pos: np.ndarray, cache: Cache, commit: bool,
+    def _attention(self, i: int, L: dict, x: np.ndarray, pos: np.ndarray, cache: Cache, commit: int,
                    block: int | None) -> np.ndarray:
         c = self.config
         T, D = x.shape[0], c.head_dim
@@ -291,12 +291,12 @@ class Model:
         keys = np.concatenate([cache.k[i][:n0], k16])
         vals = np.concatenate([cache.v[i][:n0], v16])
         if commit:
-            cache.k[i][n0 : n0 + T] = k16
-            cache.v[i][n0 : n0 + T] = v16
+            cache.k[i][n0 : n0 + commit] = k16[:commit]
+            cache.v[i][n0 : n0 + commit] = v16[:commit]
         o = attention(q, keys, vals, pos, np.arange(n0 + T), block, 1.0 / np.sqrt(D))
         return mat(o.reshape(T, -1) * sigmoid(gate), L["o"])
 
-    def _gated_deltanet(self, i: int, L: dict, x: np.ndarray, cache: Cache, commit: bool) -> np.ndarray:
+    def _gated_deltanet(self, i: int, L: dict, x: np.ndarray, cache: Cache, commit: int) -> np.ndarray:
         c = self.config
         T = x.shape[0]
         qkv = mat(x, L["qkv"])
@@ -306,14 +306,18 @@ class Model:
         conv_state = cache.conv.get(i)
         if conv_state is None:
             conv_state = np.zeros((c.conv_kernel - 1, c.conv_dim), np.float32)
-        y, new_conv = causal_conv_silu(qkv, L["conv"], conv_state)
+        y, _ = causal_conv_silu(qkv, L["conv"], conv_state)
+        # the conv state after the committed tokens: the last K-1 raw inputs up to them
+        new_conv = np.concatenate([conv_state, qkv[:commit]])[commit:].copy()
         q = y[:, : c.key_dim].reshape(T, c.n_k_heads, c.k_head_dim)
         k = y[:, c.key_dim : 2 * c.key_dim].reshape(T, c.n_k_heads, c.k_head_dim)
         v = y[:, 2 * c.key_dim :].reshape(T, c.n_v_heads, c.v_head_dim)
         state = cache.ssm.get(i)
         if state is None:
             state = np.zeros((c.n_v_heads, c.k_head_dim, c.v_head_dim), np.float32)
-        o, new_state = gated_delta_rule(q, k, v, g, beta, state)
+        o1, new_state = gated_delta_rule(q[:commit], k[:commit], v[:commit], g[:commit], beta[:commit], state)
+        o2, _ = gated_delta_rule(q[commit:], k[commit:], v[commit:], g[commit:], beta[commit:], new_state)
+        o = np.concatenate([o1, o2])
         if commit:
             cache.conv[i], cache.ssm[i] = new_conv, new_state
         o = rmsnorm(o, L["ssm_norm"], c.eps) * silu(z)
@@ -336,11 +340,12 @@ class Model:
 
     # -- spans --
 
-    def run(self, cache: Cache, tokens, *, commit: bool, block: int | None = None, logits: bool = True) -> np.ndarray:
+    def run(self, cache: Cache, tokens, *, commit: bool | int, block: int | None = None, logits: bool = True) -> np.ndarray:
         """Run tokens at positions cache.n .. cache.n + T - 1 from the committed caches.
 
         commit=False is speculative: the caches are read, never written. commit=True writes the span's
-        keys/values and the GDN states and advances cache.n. block=None gives causal attention; an int B
+        keys/values and the GDN states and advances cache.n; an int n commits only the first n tokens
+        (the rest run speculatively after them: a block's commit fused with the next block's first step). block=None gives causal attention; an int B
         gives Clover's block-causal attention (a token sees every token of its own B-block). Returns
         float32 logits [T, vocab] (or the final hidden states if logits=False)."""
         c = self.config
@@ -353,6 +358,9 @@ class Model:
             cache.capacity_limit = self.ctx_len
         if cache.n + ids.size > cache.capacity_limit:
             raise ValueError(f"context full: {cache.n + ids.size} tokens exceed the context length {cache.capacity_limit}")
+        commit = ids.size if commit is True else int(commit)
+        if not 0 <= commit <= ids.size:
+            raise ValueError(f"commit must be between 0 and {ids.size}")
         pos = np.arange(cache.n, cache.n + ids.size)
         x = kernels.dequantize(np.ascontiguousarray(self.embed.data[ids]), self.embed.fmt)
         for i, L in enumerate(self.layers):
@@ -362,8 +370,7 @@ class Model:
             else:
                 x = x + self._attention(i, L, h, pos, cache, commit, block)
             x = x + self._moe(L, rmsnorm(x, L["post_norm"], c.eps))
-        if commit:
-            cache.n += ids.size
+        cache.n += commit
         h = rmsnorm(x, self.output_norm, c.eps)
         return mat(h, self.output) if logits else h
 

@@ -1,0 +1,299 @@
+"""Block-diffusion decoding (CLOVER.md section 4), with the caches of the runtime.
+
+The schedule (how many tokens a step commits) and the scorer (which ones) are small pure functions;
+`decode` is the loop: prefill the prompt's full blocks, then per block run speculative forwards until
+no mask is left, commit the block (the commit forward fused with the next block's first step), and
+stream every token as soon as all tokens before it are final. With block length 1 and shifted logits
+the same loop is plain autoregressive decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SCORERS = ("prob", "margin", "entropy")
+POLICIES = ("threshold", "fixed")
+
+
+# ---- sampling and scoring: pure functions over one step's logits ----
+
+
+def probabilities(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """The distribution a position samples from: softmax(logits / T) restricted to the top-k tokens and
+    the smallest set of top-p mass (T = 0 scores with T = 1; `choose` then takes the argmax)."""
+    z = logits.astype(np.float64) / (temperature if temperature > 0 else 1.0)
+    if top_k and top_k < z.shape[-1]:
+        kth = np.partition(z, -top_k, axis=-1)[..., -top_k, None]
+        z = np.where(z < kth, -np.inf, z)
+    z -= z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=-1, keepdims=True)
+    if top_p < 1.0:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        sp = np.take_along_axis(p, order, axis=-1)
+        keep_sorted = np.cumsum(sp, axis=-1) - sp < top_p  # keep until the mass reaches top_p (at least one)
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def choose(p: np.ndarray, temperature: float, rng: np.random.Generator | None) -> np.ndarray:
+    """A candidate per row: argmax at temperature 0 (ties: the lowest id), else a sample."""
+    if temperature <= 0 or rng is None:
+        return np.argmax(p, axis=-1)
+    u = rng.random(p.shape[0])[:, None]
+    return np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)
+
+
+def confidence(p: np.ndarray, tokens: np.ndarray, scorer: str = "prob") -> np.ndarray:
+    """How sure a position is, in [0, 1]: the candidate's probability, the margin between the two most
+    likely tokens, or exp(-entropy)."""
+    if scorer == "prob":
+        return p[np.arange(len(tokens)), tokens]
+    if scorer == "margin":
+        top2 = np.sort(np.partition(p, -2, axis=-1)[..., -2:], axis=-1)
+        return top2[..., 1] - top2[..., 0]
+    if scorer == "entropy":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h = -np.sum(np.where(p > 0, p * np.log(p), 0.0), axis=-1)
+        return np.exp(-h)
+    raise ValueError(f"unknown scorer {scorer!r} (choose from {', '.join(SCORERS)})")
+
+
+def commit_by_threshold(conf: np.ndarray, threshold: float) -> np.ndarray:
+    """Indices (into conf) to commit: every position at or above the threshold, and always at least the
+    most confident one (the first on ties)."""
+    chosen = np.flatnonzero(conf >= threshold)
+    if chosen.size == 0 and conf.size:
+        chosen = np.array([int(np.argmax(conf))])
+    return chosen
+
+
+def fixed_schedule(n_masked: int, steps: int) -> list[int]:
+    """LLaDA's schedule: n_masked tokens spread over `steps` steps, the remainder on the first ones."""
+    steps = max(1, min(steps, n_masked)) if n_masked else 1
+    base, extra = divmod(n_masked, steps)
+    return [base + (1 if s < extra else 0) for s in range(steps)]
+
+
+def commit_top_k(conf: np.ndarray, k: int) -> np.ndarray:
+    """The k most confident positions (LLaDA's low-confidence remasking keeps the rest masked)."""
+    return np.sort(np.argsort(-conf, kind="stable")[: max(1, min(k, conf.size))])
+
+
+# ---- options and results ----
+
+
+@dataclass
+class Options:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    threshold: float | None = None  # None: the file's default (Clover ships 0.95)
+    block_length: int | None = None  # None: the file's
+    max_steps: int | None = None  # denoising steps per block; None: block length
+    policy: str = "threshold"
+    scorer: str = "prob"
+    stop_at_eos: bool = True
+
+    def validate(self, ctx_len: int) -> None:
+        if self.max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0 (0 = off)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.threshold is not None and not 0 < self.threshold <= 1:
+            raise ValueError("threshold must be in (0, 1]")
+        if self.block_length is not None and self.block_length < 1:
+            raise ValueError("block_length must be >= 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError("max_steps must be >= 1")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r} (choose from {', '.join(POLICIES)})")
+        if self.scorer not in SCORERS:
+            raise ValueError(f"unknown scorer {self.scorer!r} (choose from {', '.join(SCORERS)})")
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    forwards: int = 0  # decoding forwards, commit forwards included (dInfer's count)
+    prefill_seconds: float = 0.0
+    seconds: float = 0.0  # decoding time, after the prefill
+    experts_touched: list = field(default_factory=list)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated_tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens, "forwards": self.forwards,
+            "tokens_per_forward": self.tokens_per_forward, "seconds": self.seconds,
+            "tokens_per_second": self.tokens_per_second, "prefill_seconds": self.prefill_seconds,
+            "prefill_tokens_per_second": self.prefill_tokens_per_second,
+        }
+
+
+@dataclass
+class Event:
+    """tokens: ids that just became final (a left-contiguous continuation of what came before);
+    block: the current block (mask id where undecided), for --show-steps; done: the end."""
+
+    kind: str  # "tokens", "step" or "done"
+    tokens: list[int] = field(default_factory=list)
+    block: list[int] = field(default_factory=list)
+    stats: Stats | None = None
+
+
+# ---- the loop ----
+
+
+def decode(model, prompt_ids, opts: Options, cache=None):
+    """Generate after prompt_ids; yields Events. `cache` may hold an earlier conversation (its committed
+    length must be a multiple of the block length); it is extended in place."""
+    c = model.config
+    opts.validate(model.ctx_len)
+    B = opts.block_length or c.block_length
+    threshold = opts.threshold if opts.threshold is not None else c.threshold
+    max_steps = opts.max_steps or B
+    shift = c.shift_logits
+    mask = c.mask_token_id if c.mask_token_id is not None else 0
+    eos = c.eos_token_id if opts.stop_at_eos else None
+    rng = np.random.default_rng(opts.seed) if opts.temperature > 0 else None
+    block_mode = B if c.is_diffusion else None  # causal attention for AR files, whatever B is
+    prompt = [int(t) for t in prompt_ids]
+    if not c.is_diffusion and not shift:
+        raise ValueError("an autoregressive file needs shifted logits")
+    if c.is_diffusion and mask is None:
+        raise ValueError("a diffusion file needs a mask token")
+    cache = cache if cache is not None else model.new_cache()
+    if cache.n % B:
+        raise ValueError("the cache must end on a block boundary")
+    total = cache.n + len(prompt) + opts.max_new_tokens
+    if total > model.ctx_len:
+        raise ValueError(f"prompt ({len(prompt)} tokens) and {opts.max_new_tokens} new tokens do not fit the "
+                         f"context of {model.ctx_len} ({cache.n} already used)")
+    if not prompt and cache.n == 0 and shift:
+        raise ValueError("the prompt is empty")
+    stats = Stats(prompt_tokens=len(prompt))
+
+    # prefill the prompt's full blocks; the tail heads the first block to decode
+    t0 = time.perf_counter()
+    n_full = (len(prompt) // B) * B
+    carry = None  # logits of the last committed position (predicts the next token when shift)
+    if n_full:
+        out = model.run(cache, prompt[:n_full], commit=True, block=block_mode)
+        carry = out[-1]
+    stats.prefill_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    head = prompt[n_full:]
+    if shift and carry is None and not head:
+        # nothing predicts the first token: run the prompt's last token again (cache ends on a block)
+        raise ValueError("with shifted logits the prompt must not be empty")
+
+    remaining = opts.max_new_tokens
+    pending = None  # logits of the next block's first step, from a fused commit forward
+    while remaining > 0:
+        span = head + [mask] * (B - len(head))
+        budget = min(B - len(head), remaining)  # positions of this block we will keep
+        undecided = list(range(len(head), len(head) + budget))
+        schedule = fixed_schedule(len(undecided), max_steps) if opts.policy == "fixed" else None
+        emitted = len(head)  # block positions already streamed (the prompt tail counts as streamed)
+        step = 0
+        while undecided and step < max_steps:
+            if pending is not None:
+                logits, pending = pending, None
+            elif shift and undecided == [0]:
+                logits = np.zeros((B, c.vocab_size), np.float32)  # position 0 is predicted by `carry` alone
+            else:
+                logits = model.run(cache, span, commit=False, block=block_mode)
+                stats.forwards += 1
+            pred = _predicting_rows(logits, carry, shift)
+            rows = pred[undecided]
+            p = probabilities(rows, opts.temperature, opts.top_k, opts.top_p)
+            cand = choose(p, opts.temperature, rng)
+            conf = confidence(p, cand, opts.scorer)
+            if schedule is not None:
+                pick = commit_top_k(conf, schedule[min(step, len(schedule) - 1)])
+            else:
+                pick = commit_by_threshold(conf, threshold)
+            if step == max_steps - 1:
+                pick = np.arange(len(undecided))  # out of steps: commit every remaining candidate
+            for j in pick:
+                span[undecided[j]] = int(cand[j])
+            undecided = [u for i, u in enumerate(undecided) if i not in set(pick.tolist())]
+            step += 1
+            yield Event("step", block=list(span))
+            # stream the left-contiguous final prefix; stop at EOS with no mask before it
+            new = []
+            while emitted < len(head) + budget and emitted not in undecided:
+                new.append(span[emitted])
+                emitted += 1
+            if eos is not None and eos in new:
+                new = new[: new.index(eos)]
+                stats.generated_tokens += len(new)
+                if new:
+                    yield Event("tokens", tokens=new)
+                stats.seconds = time.perf_counter() - t0
+                yield Event("done", stats=stats)
+                return
+            if new:
+                stats.generated_tokens += len(new)
+                yield Event("tokens", tokens=new)
+        remaining -= budget
+        if remaining <= 0:
+            break
+        # commit the finished block, fused with the first denoising step of the next one (unless that
+        # step needs no forward: one-token blocks with shifted logits, i.e. autoregressive decoding)
+        fuse = not (shift and B == 1)
+        out = model.run(cache, span + ([mask] * B if fuse else []), commit=B, block=block_mode)
+        stats.forwards += 1
+        carry = out[B - 1]
+        pending = out[B:] if fuse else None
+        head = []
+    stats.seconds = time.perf_counter() - t0
+    yield Event("done", stats=stats)
+
+
+def _predicting_rows(logits: np.ndarray, carry: np.ndarray | None, shift: bool) -> np.ndarray:
+    """Row j predicts block position j: logits[j], or with shifted logits the row before it (the last
+    committed position's logits for j = 0)."""
+    if not shift:
+        return logits
+    first = carry if carry is not None else np.zeros_like(logits[0])
+    return np.concatenate([first[None], logits[:-1]])
+
+
+def generate_text(model, prompt: str, opts: Options) -> dict:
+    """Decode and return the whole text with the statistics."""
+    ids = model.tokenize(prompt)
+    out: list[int] = []
+    stats = None
+    for ev in decode(model, ids, opts):
+        if ev.kind == "tokens":
+            out.extend(ev.tokens)
+        elif ev.kind == "done":
+            stats = ev.stats
+    d = {"text": model.detokenize(out), "token_ids": out}
+    d.update(stats.as_dict())
+    return d

@@ -1,0 +1,193 @@
+"""Block-diffusion decoding: the pure policies, and the cached loop against a slow reference decoder."""
+
+import numpy as np
+import pytest
+
+import clover_cpu
+from clover_cpu.convert.hf import convert
+from clover_cpu.convert.synthetic import write_random_checkpoint
+from clover_cpu.decode import (Options, choose, commit_by_threshold, commit_top_k, confidence, decode,
+                               fixed_schedule, probabilities)
+
+# ---- policies ----
+
+
+def test_threshold_commits_at_least_one():
+    conf = np.array([0.2, 0.97, 0.5, 0.96])
+    assert commit_by_threshold(conf, 0.95).tolist() == [1, 3]
+    assert commit_by_threshold(conf, 0.99).tolist() == [1]  # none pass: the most confident
+    assert commit_by_threshold(np.array([0.3, 0.3]), 0.9).tolist() == [0]  # ties: the first
+    assert commit_by_threshold(conf, 1.0).tolist() == [1]
+
+
+def test_fixed_schedule_and_top_k():
+    assert fixed_schedule(32, 32) == [1] * 32
+    assert fixed_schedule(10, 4) == [3, 3, 2, 2]
+    assert sum(fixed_schedule(7, 3)) == 7
+    assert fixed_schedule(3, 8) == [1, 1, 1]
+    assert commit_top_k(np.array([0.1, 0.9, 0.5, 0.9]), 2).tolist() == [1, 3]
+
+
+def test_scorers():
+    p = np.array([[0.7, 0.2, 0.1], [1 / 3, 1 / 3, 1 / 3]])
+    tok = np.array([0, 2])
+    np.testing.assert_allclose(confidence(p, tok, "prob"), [0.7, 1 / 3])
+    np.testing.assert_allclose(confidence(p, tok, "margin"), [0.5, 0.0], atol=1e-12)
+    h = -(0.7 * np.log(0.7) + 0.2 * np.log(0.2) + 0.1 * np.log(0.1))
+    np.testing.assert_allclose(confidence(p, tok, "entropy"), [np.exp(-h), 1 / 3])
+    assert confidence(np.array([[1.0, 0.0]]), np.array([0]), "entropy")[0] == 1.0
+    with pytest.raises(ValueError):
+        confidence(p, tok, "vibes")
+
+
+def test_sampling():
+    logits = np.array([[2.0, 1.0, 0.0, -1.0]])
+    assert choose(probabilities(logits, 0.0), 0.0, None).tolist() == [0]
+    assert choose(probabilities(np.array([[1.0, 1.0]]), 0.0), 0.0, None).tolist() == [0]  # argmax ties: lowest id
+    p = probabilities(logits, 1.0, top_k=2)
+    assert p[0, 2] == 0 and p[0, 3] == 0 and abs(p.sum() - 1) < 1e-12
+    p = probabilities(logits, 1.0, top_p=0.5)
+    assert p[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    rng = np.random.default_rng(0)
+    draws = [int(choose(probabilities(logits, 1.0), 1.0, rng)[0]) for _ in range(2000)]
+    freq = np.bincount(draws, minlength=4) / 2000
+    np.testing.assert_allclose(freq, probabilities(logits, 1.0)[0], atol=0.03)
+
+
+# ---- the loop ----
+
+
+@pytest.fixture(scope="module")
+def clover(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clover")
+    write_random_checkpoint(d / "hf", model_type="clover", seed=7, dtype="f32", std=0.2,
+                            overrides={"block_length": 4})
+    convert(d / "hf", d / "m.gguf", out_type="f32", log=lambda s: None, progress=False)
+    return clover_cpu.load(d / "m.gguf")
+
+
+def reference_decode(model, prompt, opts):
+    """Obviously correct and slow: every step recomputes the whole sequence from scratch."""
+    c = model.config
+    B = opts.block_length or c.block_length
+    thr = opts.threshold if opts.threshold is not None else c.threshold
+    seq = list(prompt)
+    start = (len(prompt) // B) * B
+    out = []
+    while len(out) < opts.max_new_tokens:
+        head = seq[start:]
+        budget = min(B - len(head), opts.max_new_tokens - len(out))
+        block = head + [c.mask_token_id] * (B - len(head))
+        todo = list(range(len(head), len(head) + budget))
+        for step in range(opts.max_steps or B):
+            if not todo:
+                break
+            logits = model.run(model.new_cache(), seq[:start] + block, commit=False, block=B)[start:]
+            p = probabilities(logits[todo], 0.0)
+            cand = p.argmax(-1)
+            conf = p[np.arange(len(todo)), cand]
+            pick = commit_by_threshold(conf, thr) if step < (opts.max_steps or B) - 1 else np.arange(len(todo))
+            for j in pick:
+                block[todo[j]] = int(cand[j])
+            todo = [t for i, t in enumerate(todo) if i not in set(pick.tolist())]
+        new = block[len(head) : len(head) + budget]
+        if c.eos_token_id in new:
+            out += new[: new.index(c.eos_token_id)]
+            return out
+        out += new
+        seq = seq[:start] + block
+        start += B
+    return out
+
+
+def collect(model, prompt, opts):
+    toks, steps, stats = [], 0, None
+    for ev in decode(model, prompt, opts):
+        if ev.kind == "tokens":
+            toks += ev.tokens
+        elif ev.kind == "step":
+            steps += 1
+        else:
+            stats = ev.stats
+    return toks, stats
+
+
+@pytest.mark.parametrize("prompt_len,threshold,max_new", [(5, 0.95, 13), (8, 0.3, 9), (3, 0.05, 16), (1, 0.5, 1)])
+def test_cached_decoder_equals_reference(clover, prompt_len, threshold, max_new):
+    prompt = list(np.random.default_rng(prompt_len).integers(5, 500, prompt_len))
+    opts = Options(max_new_tokens=max_new, threshold=threshold, stop_at_eos=False)
+    toks, stats = collect(clover, prompt, opts)
+    assert toks == reference_decode(clover, prompt, opts)
+    assert len(toks) == max_new and stats.generated_tokens == max_new
+    assert stats.forwards >= 1 and stats.tokens_per_forward > 0
+
+
+def test_low_threshold_commits_many_per_forward(clover):
+    prompt = [10, 11, 12, 13]
+    hi, s_hi = collect(clover, prompt, Options(max_new_tokens=12, threshold=1.0, stop_at_eos=False))
+    lo, s_lo = collect(clover, prompt, Options(max_new_tokens=12, threshold=1e-9, stop_at_eos=False))
+    assert s_hi.tokens_per_forward <= 1.0  # one token per step; commits fused with the next first step
+    assert s_lo.tokens_per_forward > 1.5  # every position at once
+    assert len(hi) == len(lo) == 12
+
+
+def test_fused_commit_equals_unfused(clover):
+    """run(block + next, commit=B) gives the same next-block logits as commit then a speculative run."""
+    B = 4
+    prompt = list(range(20, 28))
+    blk = [30, 31, 32, 33]
+    nxt = [clover.config.mask_token_id] * B
+    c1 = clover.new_cache()
+    clover.run(c1, prompt, commit=True, block=B)
+    fused = clover.run(c1, blk + nxt, commit=B, block=B)
+    c2 = clover.new_cache()
+    clover.run(c2, prompt, commit=True, block=B)
+    first = clover.run(c2, blk, commit=True, block=B)
+    second = clover.run(c2, nxt, commit=False, block=B)
+    np.testing.assert_allclose(fused[:B], first, atol=1e-5)
+    np.testing.assert_allclose(fused[B:], second, atol=1e-5)
+    assert c1.n == c2.n == len(prompt) + B
+
+
+def test_eos_stops_and_drops_the_rest(clover):
+    prompt = [40, 41, 42]
+    free, _ = collect(clover, prompt, Options(max_new_tokens=12, threshold=0.5, stop_at_eos=False))
+    # make the 6th generated token the EOS id: decoding must stop right before it
+    eos = free[5]
+    c = clover.config
+    object.__setattr__(c, "eos_token_id", eos)
+    try:
+        toks, stats = collect(clover, prompt, Options(max_new_tokens=12, threshold=0.5))
+    finally:
+        object.__setattr__(c, "eos_token_id", 2)
+    assert toks == free[: free.index(eos)]
+
+
+def test_sampling_is_seeded(clover):
+    prompt = [50, 51]
+    o = Options(max_new_tokens=8, temperature=1.0, top_k=20, seed=3, stop_at_eos=False)
+    a, _ = collect(clover, prompt, o)
+    b, _ = collect(clover, prompt, Options(**{**o.__dict__}))
+    assert a == b
+    c, _ = collect(clover, prompt, Options(**{**o.__dict__, "seed": 4}))
+    assert a != c
+
+
+def test_fixed_policy(clover):
+    toks, stats = collect(clover, [60, 61, 62, 63], Options(max_new_tokens=8, policy="fixed", max_steps=2,
+                                                             stop_at_eos=False))
+    assert len(toks) == 8
+    assert stats.forwards == 2 + 1 + 1  # two steps a block; the commit forward is fused with the next first step
+
+
+@pytest.mark.parametrize("bad,msg", [(dict(threshold=0.0), "threshold"), (dict(threshold=1.5), "threshold"),
+                                     (dict(block_length=0), "block_length"), (dict(max_new_tokens=-1), "max_new_tokens"),
+                                     (dict(top_p=0.0), "top_p"), (dict(policy="x"), "policy")])
+def test_bad_options(clover, bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        list(decode(clover, [1, 2], Options(**bad)))
+
+
+def test_prompt_longer_than_context(clover):
+    with pytest.raises(ValueError, match="context"):
+        list(decode(clover, list(range(5000)), Options(max_new_tokens=4)))
