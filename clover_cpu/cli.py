@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import convert, info
+from .commands import convert, info, run
 
-COMMANDS = {"convert": convert, "info": info}
+COMMANDS = {"run": run, "convert": convert, "info": info}
 
 
 def build_parser() -> argparse.ArgumentParser:

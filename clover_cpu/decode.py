@@ -282,18 +282,3 @@ def _predicting_rows(logits: np.ndarray, carry: np.ndarray | None, shift: bool) 
         return logits
     first = carry if carry is not None else np.zeros_like(logits[0])
     return np.concatenate([first[None], logits[:-1]])
-
-
-def generate_text(model, prompt: str, opts: Options) -> dict:
-    """Decode and return the whole text with the statistics."""
-    ids = model.tokenize(prompt)
-    out: list[int] = []
-    stats = None
-    for ev in decode(model, ids, opts):
-        if ev.kind == "tokens":
-            out.extend(ev.tokens)
-        elif ev.kind == "done":
-            stats = ev.stats
-    d = {"text": model.detokenize(out), "token_ids": out}
-    d.update(stats.as_dict())
-    return d

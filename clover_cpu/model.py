@@ -145,6 +145,7 @@ class Cache:
     conv: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> [K-1, conv_dim]
     n: int = 0
     capacity_limit: int = 0
+    tokens: list = field(default_factory=list)  # the committed token ids (positions 0..n-1)
 
     def reserve(self, layer: int, n_total: int, n_head_kv: int, head_dim: int, dtype) -> None:
         """Grow the KV arrays of a layer to hold n_total rows (doubling: allocated lazily up to the context)."""
@@ -371,6 +372,7 @@ class Model:
                 x = x + self._attention(i, L, h, pos, cache, commit, block)
             x = x + self._moe(L, rmsnorm(x, L["post_norm"], c.eps))
         cache.n += commit
+        cache.tokens.extend(int(t) for t in ids[:commit])
         h = rmsnorm(x, self.output_norm, c.eps)
         return mat(h, self.output) if logits else h
 
@@ -404,6 +406,29 @@ class Model:
             if (stop_at_eos and tok == self.config.eos_token_id) or step == max_new_tokens - 1:
                 return
             h = self.run(cache, [tok], commit=True, logits=False)
+
+    def generate(self, prompt, *, cache: Cache | None = None, **options):
+        """Decode after `prompt` (text or token ids); yields clover_cpu.decode.Event objects as tokens
+        become final. Options (keyword-only): max_new_tokens, temperature, top_k, top_p, seed, threshold,
+        block_length, max_steps, policy ("threshold" | "fixed"), scorer ("prob" | "margin" | "entropy"),
+        stop_at_eos. Defaults come from the file (Clover's threshold and block length). `cache` continues
+        an earlier context (ending on a block boundary) and is extended in place."""
+        from .decode import Options, decode
+
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        yield from decode(self, ids, Options(**options), cache=cache)
+
+    def generate_text(self, prompt, **options) -> dict:
+        """The whole generation at once: text, token_ids and the statistics (prompt_tokens,
+        generated_tokens, forwards, tokens_per_forward, seconds, tokens_per_second, prefill_*)."""
+        out: list[int] = []
+        stats = None
+        for ev in self.generate(prompt, **options):
+            if ev.kind == "tokens":
+                out.extend(ev.tokens)
+            elif ev.kind == "done":
+                stats = ev.stats
+        return {"text": self.detokenize(out), "token_ids": out, **stats.as_dict()}
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

@@ -1,0 +1,69 @@
+"""`clover-cpu run`: streaming, --json, --stats, --show-steps, chat, and options refused up front."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from clover_cpu.convert.hf import convert
+from clover_cpu.convert.synthetic import write_random_checkpoint
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    write_random_checkpoint(d / "hf", model_type="clover", seed=11, std=0.2, overrides={"block_length": 8})
+    convert(d / "hf", d / "m.gguf", out_type="q8_0", log=lambda s: None, progress=False)
+    return d / "m.gguf"
+
+
+def run(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "clover_cpu", "run", *map(str, args)], capture_output=True,
+                          text=True, input=stdin, timeout=300)
+
+
+def test_json_is_one_object(gguf):
+    r = run("-m", gguf, "-p", "def f(x):", "-n", "10", "--json", "--threshold", "0.5")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)  # the whole stdout is one JSON object
+    for key in ("text", "token_ids", "prompt_tokens", "generated_tokens", "forwards", "tokens_per_forward",
+                "seconds", "tokens_per_second", "model", "isa", "threads"):
+        assert key in d, key
+    assert d["generated_tokens"] == len(d["token_ids"]) <= 10
+    assert d["tokens_per_forward"] > 0
+
+
+def test_stream_stats_and_steps(gguf, tmp_path):
+    p = tmp_path / "prompt.txt"
+    p.write_text("import os\n")
+    r = run("-m", gguf, "-f", p, "-n", "12", "--stats", "--show-steps", "--seed", "1", "--temperature", "0.8")
+    assert r.returncode == 0, r.stderr
+    assert "[stats]" in r.stderr and "tokens/forward" in r.stderr
+    assert "[block]" in r.stderr and "\u2591" in r.stderr
+    j = json.loads(run("-m", gguf, "-f", p, "-n", "12", "--json", "--seed", "1", "--temperature", "0.8").stdout)
+    assert r.stdout.strip() == j["text"].strip()  # what streamed is the final text
+
+
+@pytest.mark.parametrize("bad,msg", [(["--threshold", "0"], "--threshold"), (["--threshold", "1.5"], "--threshold"),
+                                     (["--block-length", "0"], "--block-length"), (["-n", "-1"], "--max-new-tokens"),
+                                     (["--top-p", "2"], "--top-p"), (["--ctx-len", "4"], "context")])
+def test_bad_options_one_line(gguf, bad, msg):
+    r = run("-m", gguf, "-p", "hello world, this prompt is longer than four tokens", *bad)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_model_file(tmp_path):
+    r = run("-m", tmp_path / "nope.gguf", "-p", "x")
+    assert r.returncode == 2 and "cannot open" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 30)
+    r = run("-m", bad, "-p", "x")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_chat_two_turns(gguf):
+    r = run("-m", gguf, "--chat", "-n", "6", stdin="hello\nand again\n\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("> ") >= 2
