@@ -16,97 +16,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import kernels
+from . import kernels, ops
 from .config import Config
 from .gguf_file import GGUFError, GGUFFile
 from .tokenizer import Tokenizer
 
-# ---- the math (float32 numpy; the matrix products run in the C++ kernels) ----
+# ---- the math: every operator runs in C++ (clover_cpu.ops, clover_cpu.kernels) ----
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) * w over the last axis (w already holds 1 + w for zero-centred norms)."""
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+    return ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), w, eps)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
-
-
-def softplus(x: np.ndarray) -> np.ndarray:
-    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
-
-
-def l2norm(x: np.ndarray) -> np.ndarray:
-    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + 1e-6)
-
-
-def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, theta: float) -> np.ndarray:
-    """NeoX (rotate-half) RoPE on the first n_rot dims of each head. x: [T, H, D]."""
-    half = n_rot // 2
-    inv = theta ** (-np.arange(half, dtype=np.float64) * 2 / n_rot)
-    ang = pos[:, None].astype(np.float64) * inv[None, :]
-    cos, sin = np.cos(ang).astype(np.float32)[:, None, :], np.sin(ang).astype(np.float32)[:, None, :]
-    out = x.copy()
-    a, b = x[..., :half], x[..., half:n_rot]
-    out[..., :half] = a * cos - b * sin
-    out[..., half:n_rot] = b * cos + a * sin
-    return out
-
-
-def attention(q, k, v, q_pos, k_pos, block: int | None, scale: float) -> np.ndarray:
-    """Softmax attention with grouped KV heads. q: [T, Hq, D]; k, v: [S, Hkv, D].
-    block None: causal (k_pos <= q_pos); else block-causal (k_pos // block <= q_pos // block)."""
-    hq, hkv = q.shape[1], k.shape[1]
-    group = hq // hkv
-    if block is None:
-        allowed = k_pos[None, :] <= q_pos[:, None]
-    else:
-        allowed = (k_pos[None, :] // block) <= (q_pos[:, None] // block)
-    out = np.empty(q.shape, np.float32)
-    kf, vf = k.astype(np.float32), v.astype(np.float32)
-    for g in range(hkv):
-        qg = q[:, g * group : (g + 1) * group, :].transpose(1, 0, 2)  # [group, T, D]
-        s = np.einsum("htd,sd->hts", qg, kf[:, g, :]) * scale
-        s = np.where(allowed[None], s, -np.inf)
-        s -= s.max(axis=-1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=-1, keepdims=True)
-        out[:, g * group : (g + 1) * group, :] = np.einsum("hts,sd->htd", p, vf[:, g, :]).transpose(1, 0, 2)
-    return out
-
-
-def causal_conv_silu(x: np.ndarray, w: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Depthwise causal conv + SiLU. x: [T, C]; w: [C, K] (tap K-1 is the current token);
-    state: the last K-1 raw inputs before x. Returns (y [T, C], the new state)."""
-    k = w.shape[1]
-    xx = np.concatenate([state, x], axis=0)
-    y = np.zeros_like(x)
-    for j in range(k):
-        y += xx[j : j + x.shape[0]] * w[:, j]
-    return silu(y), xx[xx.shape[0] - (k - 1) :].copy()
-
-
-def gated_delta_rule(q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
-    """The gated delta rule, one token at a time. q, k: [T, Hk, dk]; v: [T, Hv, dv]; g, beta: [T, Hv];
-    state: [Hv, dk, dv]. Value head h reads key head h % Hk. Returns (o [T, Hv, dv], the new state)."""
-    hk, hv = q.shape[1], v.shape[1]
-    heads = np.arange(hv) % hk
-    q = l2norm(q)[:, heads] / np.sqrt(q.shape[-1])
-    k = l2norm(k)[:, heads]
-    s = state.copy()
-    out = np.empty(v.shape, np.float32)
-    for t in range(q.shape[0]):
-        s *= np.exp(g[t])[:, None, None]
-        kv = np.einsum("hkv,hk->hv", s, k[t])
-        delta = beta[t][:, None] * (v[t] - kv)
-        s += k[t][:, :, None] * delta[:, None, :]
-        out[t] = np.einsum("hkv,hk->hv", s, q[t])
-    return out, s
 
 
 # ---- weights and caches ----
@@ -163,6 +87,13 @@ class Cache:
             if layer in store:
                 new[: self.n] = store[layer][: self.n]
             store[layer] = new
+
+    def gdn_state(self, layer: int, c) -> tuple[np.ndarray, np.ndarray]:
+        """The conv state [K-1, conv_dim] and recurrent state [Hv, dk, dv] of a GDN layer (zeros at first)."""
+        if layer not in self.ssm:
+            self.conv[layer] = np.zeros((c.conv_kernel - 1, c.conv_dim), np.float32)
+            self.ssm[layer] = np.zeros((c.n_v_heads, c.k_head_dim, c.v_head_dim), np.float32)
+        return self.conv[layer], self.ssm[layer]
 
     def snapshot(self) -> "Cache":
         """A copy that later `restore` can return to (for a chat that continues)."""
@@ -281,62 +212,53 @@ class Model:
         c = self.config
         T, D = x.shape[0], c.head_dim
         qg = mat(x, L["q"]).reshape(T, c.n_head, 2 * D)  # per head: [query | gate]
-        q, gate = qg[..., :D], qg[..., D:].reshape(T, c.n_head * D)
+        q, gate = np.ascontiguousarray(qg[..., :D]), np.ascontiguousarray(qg[..., D:])
         k = mat(x, L["k"]).reshape(T, c.n_head_kv, D)
         v = mat(x, L["v"]).reshape(T, c.n_head_kv, D)
-        q = rope(rmsnorm(q, L["q_norm"], c.eps), pos, c.n_rot, c.rope_theta)
-        k = rope(rmsnorm(k, L["k_norm"], c.eps), pos, c.n_rot, c.rope_theta)
+        q = ops.rope_neox(ops.rms_norm(q, L["q_norm"], c.eps), pos, c.n_rot, c.rope_theta)
+        k = ops.rope_neox(ops.rms_norm(k, L["k_norm"], c.eps), pos, c.n_rot, c.rope_theta)
+        # the span's keys/values go in rows n..n+T-1; only cache.n (advanced by `commit`) makes them part
+        # of the committed context, so a speculative run leaves nothing behind that a later run could read
         n0 = cache.n
         cache.reserve(i, n0 + T, c.n_head_kv, D, np.float16)
-        k16, v16 = k.astype(np.float16), v.astype(np.float16)  # what the cache holds
-        keys = np.concatenate([cache.k[i][:n0], k16])
-        vals = np.concatenate([cache.v[i][:n0], v16])
-        if commit:
-            cache.k[i][n0 : n0 + commit] = k16[:commit]
-            cache.v[i][n0 : n0 + commit] = v16[:commit]
-        o = attention(q, keys, vals, pos, np.arange(n0 + T), block, 1.0 / np.sqrt(D))
-        return mat(o.reshape(T, -1) * sigmoid(gate), L["o"])
+        cache.k[i][n0 : n0 + T] = k
+        cache.v[i][n0 : n0 + T] = v
+        o = ops.attention(q, cache.k[i], cache.v[i], pos, n0 + T, mask="causal" if block is None else "block_causal",
+                          block_length=block or 1, gate=gate)
+        return mat(o.reshape(T, -1), L["o"])
 
     def _gated_deltanet(self, i: int, L: dict, x: np.ndarray, cache: Cache, commit: int) -> np.ndarray:
         c = self.config
         T = x.shape[0]
         qkv = mat(x, L["qkv"])
         z = mat(x, L["z"]).reshape(T, c.n_v_heads, c.v_head_dim)
-        beta = sigmoid(mat(x, L["beta"]))
-        g = L["ssm_a"] * softplus(mat(x, L["alpha"]) + L["dt_bias"])
-        conv_state = cache.conv.get(i)
-        if conv_state is None:
-            conv_state = np.zeros((c.conv_kernel - 1, c.conv_dim), np.float32)
-        y, _ = causal_conv_silu(qkv, L["conv"], conv_state)
-        # the conv state after the committed tokens: the last K-1 raw inputs up to them
-        new_conv = np.concatenate([conv_state, qkv[:commit]])[commit:].copy()
-        q = y[:, : c.key_dim].reshape(T, c.n_k_heads, c.k_head_dim)
-        k = y[:, c.key_dim : 2 * c.key_dim].reshape(T, c.n_k_heads, c.k_head_dim)
-        v = y[:, 2 * c.key_dim :].reshape(T, c.n_v_heads, c.v_head_dim)
-        state = cache.ssm.get(i)
-        if state is None:
-            state = np.zeros((c.n_v_heads, c.k_head_dim, c.v_head_dim), np.float32)
-        o1, new_state = gated_delta_rule(q[:commit], k[:commit], v[:commit], g[:commit], beta[:commit], state)
-        o2, _ = gated_delta_rule(q[commit:], k[commit:], v[commit:], g[commit:], beta[commit:], new_state)
-        o = np.concatenate([o1, o2])
+        g, beta = ops.gdn_gates(mat(x, L["alpha"]), mat(x, L["beta"]), L["dt_bias"], L["ssm_a"])
+        conv_state, state = cache.gdn_state(i, c)
+        # the committed tokens update the states; the rest of the span runs on from there, speculatively
+        y = np.concatenate([ops.conv1d_silu(part, L["conv"], conv_state, update_state=upd)
+                            for part, upd in ((qkv[:commit], True), (qkv[commit:], False)) if len(part)])
+        q = np.ascontiguousarray(y[:, : c.key_dim]).reshape(T, c.n_k_heads, c.k_head_dim)
+        k = np.ascontiguousarray(y[:, c.key_dim : 2 * c.key_dim]).reshape(T, c.n_k_heads, c.k_head_dim)
+        v = np.ascontiguousarray(y[:, 2 * c.key_dim :]).reshape(T, c.n_v_heads, c.v_head_dim)
+        parts = []
         if commit:
-            cache.conv[i], cache.ssm[i] = new_conv, new_state
-        o = rmsnorm(o, L["ssm_norm"], c.eps) * silu(z)
+            parts.append(ops.gated_delta_rule(q[:commit], k[:commit], v[:commit], g[:commit], beta[:commit], state,
+                                              update_state=True))
+        if commit < T:
+            parts.append(ops.gated_delta_rule(np.ascontiguousarray(q[commit:]), np.ascontiguousarray(k[commit:]),
+                                              np.ascontiguousarray(v[commit:]), np.ascontiguousarray(g[commit:]),
+                                              np.ascontiguousarray(beta[commit:]), state, update_state=False))
+        o = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        o = ops.gated_rms_norm(o, z, L["ssm_norm"], c.eps)
         return mat(o.reshape(T, c.value_dim), L["ssm_out"])
 
     def _moe(self, L: dict, x: np.ndarray) -> np.ndarray:
         c = self.config
-        logits = x @ L["router"].T
-        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        p /= p.sum(axis=-1, keepdims=True)
-        ids = np.argsort(-p, axis=-1, kind="stable")[:, : c.n_expert_used].astype(np.int32)
-        w = np.take_along_axis(p, ids, axis=-1)
-        w = (w / w.sum(axis=-1, keepdims=True)).astype(np.float32)
+        ids, w = ops.router_topk(np.ascontiguousarray(x @ L["router"].T, dtype=np.float32), c.n_expert_used)
         g, u, d = L["gate_exps"], L["up_exps"], L["down_exps"]
-        routed, n_used = kernels.moe(np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(ids), w,
-                                     g.data, u.data, d.data, g.fmt, u.fmt, d.fmt)
+        routed, n_used = kernels.moe(x, ids, w, g.data, u.data, d.data, g.fmt, u.fmt, d.fmt)
         self.last_experts_used = n_used
-        shared = mat(silu(mat(x, L["gate_shexp"])) * mat(x, L["up_shexp"]), L["down_shexp"])
+        shared = mat(ops.swiglu(mat(x, L["gate_shexp"]), mat(x, L["up_shexp"])), L["down_shexp"])
         return routed + sigmoid(x @ L["shexp_gate_inp"])[:, None] * shared
 
     # -- spans --
@@ -362,7 +284,7 @@ class Model:
         commit = ids.size if commit is True else int(commit)
         if not 0 <= commit <= ids.size:
             raise ValueError(f"commit must be between 0 and {ids.size}")
-        pos = np.arange(cache.n, cache.n + ids.size)
+        pos = np.arange(cache.n, cache.n + ids.size, dtype=np.int32)
         x = kernels.dequantize(np.ascontiguousarray(self.embed.data[ids]), self.embed.fmt)
         for i, L in enumerate(self.layers):
             h = rmsnorm(x, L["attn_norm"], c.eps)
