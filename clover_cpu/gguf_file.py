@@ -144,7 +144,7 @@ class GGUFFile:
         n_kv = c.u64("kv count")
         # every kv needs >= 13 bytes and every tensor info >= 28: refuse impossible counts up front
         if n_kv * 13 > self.file_size or n_tensors * 28 > self.file_size:
-            raise GGUFError(f"corrupt header: {n_tensors} tensors and {n_kv} keys cannot fit in {self.file_size} bytes")
+            raise GGUFError(f"truncated or corrupt file: {n_tensors} tensors and {n_kv} keys cannot fit in {self.file_size} bytes")
         self.kv: dict[str, object] = {}
         for i in range(n_kv):
             key = c.string(f"key {i}", limit=MAX_KEY)

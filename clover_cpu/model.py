@@ -105,17 +105,22 @@ class Cache:
 
 # ---- the model ----
 
+KV_TYPES = {"f16": np.float16, "f32": np.float32}  # attention cache element types
+
 
 class Model:
     """A Clover or Qwen3.5-MoE model from a GGUF file, mapped in place."""
 
-    def __init__(self, path, *, threads: int | None = None, ctx_len: int | None = None):
+    def __init__(self, path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16"):
         from . import set_num_threads
 
         if threads is not None:
             if threads < 0:
                 raise ValueError("threads must be >= 0")
             set_num_threads(threads)
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}")
+        self.kv_dtype = KV_TYPES[kv_type]
         self.file = GGUFFile(path)
         try:
             self.config = Config.from_gguf(self.file)
@@ -220,7 +225,7 @@ class Model:
         # the span's keys/values go in rows n..n+T-1; only cache.n (advanced by `commit`) makes them part
         # of the committed context, so a speculative run leaves nothing behind that a later run could read
         n0 = cache.n
-        cache.reserve(i, n0 + T, c.n_head_kv, D, np.float16)
+        cache.reserve(i, n0 + T, c.n_head_kv, D, self.kv_dtype)
         cache.k[i][n0 : n0 + T] = k
         cache.v[i][n0 : n0 + T] = v
         o = ops.attention(q, cache.k[i], cache.v[i], pos, n0 + T, mask="causal" if block is None else "block_causal",
@@ -362,6 +367,7 @@ class Model:
         self.file.close()
 
 
-def load(path, *, threads: int | None = None, ctx_len: int | None = None) -> Model:
-    """Open a clover or qwen35moe GGUF file; weights stay memory-mapped in place."""
-    return Model(path, threads=threads, ctx_len=ctx_len)
+def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16") -> Model:
+    """Open a clover or qwen35moe GGUF file; weights stay memory-mapped in place. kv_type: the attention
+    cache's element type, "f16" (default) or "f32"."""
+    return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type)
