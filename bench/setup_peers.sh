@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Build .venv-peers: the reference implementations that clover-cpu is checked against
+# (Hugging Face transformers' qwen3_5_moe on CPU torch, and llama.cpp via llama-cpp-python).
+# Idempotent: every step is skipped when what it installs is already there.
+#
+#   bash bench/setup_peers.sh            # create / complete the environment
+#   bash bench/setup_peers.sh --project  # also (re)install this repository's clover_cpu into it
+#
+# Env: PEERS_VENV (default <repo>/.venv-peers), PEERS_JOBS (compile jobs, default 2),
+#      PEERS_PYTHON (interpreter used to create the venv, default python3).
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${PEERS_VENV:-$repo/.venv-peers}"
+jobs="${PEERS_JOBS:-2}"
+refresh_project=0
+[[ "${1:-}" == "--project" ]] && refresh_project=1
+
+# Pinned peers. torch 2.13.0 is the CPU wheel in /opt/wheels (pip's find-links); any other
+# version would pull a multi-GB CUDA build. transformers >= 5.x has models/qwen3_5_moe.
+torch_ver="2.13.0"
+transformers_ver="5.23.0"
+llama_cpp_ver="0.3.36"
+
+say() { printf '[setup_peers] %s\n' "$*"; }
+
+if [[ ! -x "$venv/bin/python" ]]; then
+    say "creating venv $venv"
+    "${PEERS_PYTHON:-python3}" -m venv "$venv"
+else
+    say "venv $venv exists"
+fi
+py="$venv/bin/python"
+pip=("$py" -m pip install --disable-pip-version-check)
+
+# installed_version DIST -> prints the installed version or nothing
+installed_version() {
+    "$py" - "$1" <<'EOF' 2>/dev/null || true
+import sys
+from importlib.metadata import version, PackageNotFoundError
+try:
+    print(version(sys.argv[1]))
+except PackageNotFoundError:
+    pass
+EOF
+}
+
+# want DIST VERSION [pip args...]: install DIST==VERSION (or any version when VERSION is '')
+want() {
+    local dist="$1" ver="$2"
+    shift 2
+    local have
+    have="$(installed_version "$dist")"
+    if [[ -n "$have" && ( -z "$ver" || "${have%%+*}" == "$ver" ) ]]; then
+        say "skip $dist (installed $have)"
+        return
+    fi
+    local spec="$dist"
+    [[ -n "$ver" ]] && spec="$dist==$ver"
+    say "install $spec${have:+ (was $have)}"
+    local t0=$SECONDS
+    "${pip[@]}" "$@" "$spec"
+    say "installed $spec in $((SECONDS - t0)) s"
+}
+
+want torch "$torch_ver"
+# Name torch with transformers so pip keeps the CPU build (the pip constraints file also caps it).
+want transformers "$transformers_ver" "torch==$torch_ver"
+for dist in numpy gguf safetensors sentencepiece tokenizers pytest; do
+    want "$dist" ""
+done
+
+# llama-cpp-python: an sdist that compiles llama.cpp (10-20 min on 2 cores). CPU only, no tools,
+# tests, examples, server or the multimodal (mtmd/llava) library, which the text API never loads.
+if [[ -z "$(installed_version llama_cpp_python)" || "$(installed_version llama_cpp_python)" != "$llama_cpp_ver" ]]; then
+    export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
+-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+-DLLAVA_BUILD=OFF"
+    export CMAKE_BUILD_PARALLEL_LEVEL="$jobs"
+    say "building llama-cpp-python==$llama_cpp_ver with -j$jobs, CMAKE_ARGS=$CMAKE_ARGS"
+    t0=$SECONDS
+    "${pip[@]}" --no-cache-dir --verbose "llama-cpp-python==$llama_cpp_ver" >"$venv/llama-cpp-build.log" 2>&1 || {
+        say "llama-cpp-python build FAILED, last lines of $venv/llama-cpp-build.log:"
+        tail -n 40 "$venv/llama-cpp-build.log"
+        exit 1
+    }
+    say "built llama-cpp-python==$llama_cpp_ver in $((SECONDS - t0)) s (log: $venv/llama-cpp-build.log)"
+else
+    say "skip llama-cpp-python (installed $llama_cpp_ver)"
+fi
+
+# llama.cpp's own HF->GGUF converter (convert_hf_to_gguf.py + conversion/ + gguf-py/) from the same sdist,
+# the reference the parity check diffs our converter's output against.
+conv_dir="$venv/llama.cpp"
+if [[ ! -f "$conv_dir/convert_hf_to_gguf.py" || ! -f "$conv_dir/VERSION" || "$(cat "$conv_dir/VERSION")" != "$llama_cpp_ver" ]]; then
+    say "extracting llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python==$llama_cpp_ver sdist"
+    tmp="$(mktemp -d)"
+    "$py" -m pip download --disable-pip-version-check --quiet --no-deps --no-binary llama-cpp-python \
+        "llama-cpp-python==$llama_cpp_ver" -d "$tmp"
+    sdist="$(ls "$tmp"/llama_cpp_python-*.tar.gz)"
+    top="$(basename "$sdist" .tar.gz)"
+    tar -xzf "$sdist" -C "$tmp" "$top/vendor/llama.cpp/convert_hf_to_gguf.py" "$top/vendor/llama.cpp/conversion" \
+        "$top/vendor/llama.cpp/gguf-py"
+    rm -rf "$conv_dir"
+    mv "$tmp/$top/vendor/llama.cpp" "$conv_dir"
+    echo "$llama_cpp_ver" >"$conv_dir/VERSION"
+    rm -rf "$tmp"
+    say "llama.cpp converter in $conv_dir"
+else
+    say "skip llama.cpp converter (in $conv_dir)"
+fi
+
+# This repository's package (clover_cpu, with its converter). A snapshot: rerun with --project
+# after the sources change. The parity test itself runs the converter of the environment that
+# runs pytest, so this copy only serves standalone runs of bench/check_llamacpp_parity.py.
+if [[ $refresh_project == 1 || -z "$(installed_version clover-cpu)" ]]; then
+    say "install clover-cpu from $repo"
+    t0=$SECONDS
+    "${pip[@]}" --force-reinstall --no-deps "$repo"
+    say "installed clover-cpu in $((SECONDS - t0)) s"
+else
+    say "skip clover-cpu (installed $(installed_version clover-cpu); --project reinstalls it)"
+fi
+
+"$py" - <<'EOF'
+import importlib
+for mod in ("torch", "transformers", "llama_cpp", "gguf", "numpy", "safetensors", "sentencepiece", "tokenizers"):
+    m = importlib.import_module(mod)
+    print(f"[setup_peers] {mod:14s} {getattr(m, '__version__', '?')}")
+import transformers.models.qwen3_5_moe  # noqa: F401  (fails loudly on a transformers without Qwen3.5-MoE)
+try:
+    import clover_cpu
+    print(f"[setup_peers] clover_cpu     {clover_cpu.__file__}")
+except Exception as e:  # the project may be mid-edit; the peers are what matter here
+    print(f"[setup_peers] clover_cpu     not importable: {e}")
+EOF
+say "done: $venv"
