@@ -139,7 +139,7 @@ def make_config(preset: str, model_type: str, overrides: dict | None = None) -> 
     if model_type == "clover":
         return dict(text, model_type="clover", architectures=["CloverForDiffusionLM"], mask_token_id=4,
                     bos_token_id=1, eos_token_id=2, pad_token_id=3, block_length=text.get("block_length", 32),
-                    shift_logits=False, threshold=0.95)
+                    shift_logits=text.get("shift_logits", False), threshold=text.get("threshold", 0.95))
     if model_type == "qwen3_5_moe":
         return {"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
                 "text_config": dict(text, model_type="qwen3_5_moe_text", bos_token_id=1, eos_token_id=2)}

@@ -82,7 +82,12 @@ def reference_decode(model, prompt, opts):
         for step in range(opts.max_steps or B):
             if not todo:
                 break
-            logits = model.run(model.new_cache(), seq[:start] + block, commit=False, block=B)[start:]
+            full = model.run(model.new_cache(), seq[:start] + block, commit=False, block=B)
+            # row j predicts block position j (or, with shifted logits, the row before it does)
+            if c.shift_logits:  # position 0 of the first block is always prompt when start == 0
+                logits = np.concatenate([full[start - 1 : start] if start else full[:1] * 0, full[start : start + B - 1]])
+            else:
+                logits = full[start:]
             p = probabilities(logits[todo], 0.0)
             cand = p.argmax(-1)
             conf = p[np.arange(len(todo)), cand]
@@ -98,6 +103,25 @@ def reference_decode(model, prompt, opts):
         seq = seq[:start] + block
         start += B
     return out
+
+
+@pytest.fixture(scope="module")
+def clover_shift(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clover_shift")
+    write_random_checkpoint(d / "hf", model_type="clover", seed=8, dtype="f32", std=0.2,
+                            overrides={"block_length": 8, "shift_logits": True})
+    convert(d / "hf", d / "m.gguf", out_type="f32", log=lambda s: None, progress=False)
+    return clover_cpu.load(d / "m.gguf")
+
+
+@pytest.mark.parametrize("prompt_len,threshold,block", [(5, 0.3, None), (8, 0.05, None), (9, 0.9, 3), (2, 0.2, 2)])
+def test_shifted_logits_and_block_lengths(clover_shift, prompt_len, threshold, block):
+    m = clover_shift
+    assert m.config.shift_logits and m.config.block_length == 8
+    prompt = list(np.random.default_rng(prompt_len).integers(5, 500, prompt_len))
+    opts = Options(max_new_tokens=11, threshold=threshold, block_length=block, stop_at_eos=False)
+    toks, _ = collect(m, prompt, opts)
+    assert toks == reference_decode(m, prompt, opts)
 
 
 def collect(model, prompt, opts):
