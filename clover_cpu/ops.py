@@ -115,7 +115,9 @@ def gated_delta_rule(
     S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q. update_state=False works on a copy and
     leaves state untouched (the speculative scan of a block being denoised).
     mode: "recurrent" (token by token), "chunked" (WY form, chunks of GDN_CHUNK tokens) or "auto"
-    (the recurrent form, which measured as fast or faster on Clover shapes at every T tried).
+    (recurrent: on Clover shapes with AVX2 it measured 2x faster at T=1, equal at T=8-32 and ~10%
+    faster at T=128-512; see bench/bench_model_ops.py). A state whose address is a multiple of 64
+    bytes is updated in place; otherwise each head runs on an aligned copy.
     """
     return _core.gated_delta_rule(q, k, v, g, beta, state, update_state, mode, isa=isa)
 

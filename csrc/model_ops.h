@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace clover {
 
@@ -58,6 +59,13 @@ struct ModelKernels {
     void (*matmul)(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
                    int64_t ldc, float alpha, float beta);
 };
+
+// n floats of scratch in buf starting on a 64-byte boundary: 32-byte vectors never split a cache
+// line (a 16-byte aligned state made the recurrent delta rule ~1.6x slower here).
+inline float* aligned_floats(std::vector<float>& buf, size_t n) {
+    buf.resize(n + 16);
+    return (float*)(((uintptr_t)buf.data() + 63) & ~(uintptr_t)63);
+}
 
 const ModelKernels& model_kernels_ref();
 const ModelKernels* model_kernels_avx2();  // null in builds without the AVX2 file

@@ -154,32 +154,35 @@ void conv1d_silu_avx2(const float* x, const float* w, const float* state, int64_
 // ---- attention ----
 
 constexpr int64_t KEY_TILE = 32;  // cache rows per tile: fp32 K and V tiles of D=256 take 32 KB each
+constexpr int MAX_GROUP = 4;      // query rows sharing each loaded key and value vector
 
-// out[r][j] = dot(q[r], K row j) for j in [j0, j1), R query rows; one accumulator per (row, key)
-// over D in 8-wide steps, then the scalar tail: each value is independent of R and of the grouping.
-template <int R>
+// out[r][j] = dot(q[r], K row j) for j in [j0, j1), R query rows x KB keys per register tile; one
+// accumulator per (row, key) over D in 8-wide steps, then the scalar tail: every value is computed
+// the same way whatever R, KB and the grouping (results do not depend on how rows are grouped).
+template <int R, int KB>
 void qk_dots(const float* const* q, const float* K, int64_t ld, int64_t j0, int64_t j1, int64_t D, float* const* out) {
     const int64_t D8 = D & ~int64_t(7);
-    auto tail = [&](int r, int64_t j, float s) {
+    auto finish = [&](int r, int64_t j, __m256 acc) {
+        float s = hsum(acc);
         const float* k = K + j * ld;
         for (int64_t d = D8; d < D; d++) s += q[r][d] * k[d];
         out[r][j] = s;
     };
     int64_t j = j0;
-    for (; j + 4 <= j1; j += 4) {
-        __m256 acc[R][4];
+    for (; j + KB <= j1; j += KB) {
+        __m256 acc[R][KB];
         for (int r = 0; r < R; r++)
-            for (int u = 0; u < 4; u++) acc[r][u] = _mm256_setzero_ps();
+            for (int u = 0; u < KB; u++) acc[r][u] = _mm256_setzero_ps();
         for (int64_t d = 0; d < D8; d += 8) {
-            __m256 kv[4];
-            for (int u = 0; u < 4; u++) kv[u] = _mm256_loadu_ps(K + (j + u) * ld + d);
+            __m256 kv[KB];
+            for (int u = 0; u < KB; u++) kv[u] = _mm256_loadu_ps(K + (j + u) * ld + d);
             for (int r = 0; r < R; r++) {
                 const __m256 qv = _mm256_loadu_ps(q[r] + d);
-                for (int u = 0; u < 4; u++) acc[r][u] = _mm256_fmadd_ps(qv, kv[u], acc[r][u]);
+                for (int u = 0; u < KB; u++) acc[r][u] = _mm256_fmadd_ps(qv, kv[u], acc[r][u]);
             }
         }
         for (int r = 0; r < R; r++)
-            for (int u = 0; u < 4; u++) tail(r, j + u, hsum(acc[r][u]));
+            for (int u = 0; u < KB; u++) finish(r, j + u, acc[r][u]);
     }
     for (; j < j1; j++) {
         __m256 acc[R];
@@ -188,31 +191,32 @@ void qk_dots(const float* const* q, const float* K, int64_t ld, int64_t j0, int6
             const __m256 kv = _mm256_loadu_ps(K + j * ld + d);
             for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + d), kv, acc[r]);
         }
-        for (int r = 0; r < R; r++) tail(r, j, hsum(acc[r]));
+        for (int r = 0; r < R; r++) finish(r, j, acc[r]);
     }
 }
 
-// acc[r] = acc[r] * corr[r] + sum_{j in [j0, j1)} p[r][j] * V row j, for R rows; keys in order.
-template <int R>
+// acc[r] = acc[r] * corr[r] + sum_{j in [j0, j1)} p[r][j] * V row j for R rows, 8 NV columns at a
+// time; keys in order, so every value is computed the same way whatever R and NV.
+template <int R, int NV>
 void pv_accumulate(float* const* acc, const float* corr, const float* const* p, const float* V, int64_t ld, int64_t j0,
                    int64_t j1, int64_t D) {
     int64_t d = 0;
-    for (; d + 32 <= D; d += 32) {
-        __m256 o[R][4];
+    for (; d + 8 * NV <= D; d += 8 * NV) {
+        __m256 o[R][NV];
         for (int r = 0; r < R; r++) {
             const __m256 c = _mm256_set1_ps(corr[r]);
-            for (int u = 0; u < 4; u++) o[r][u] = _mm256_mul_ps(_mm256_loadu_ps(acc[r] + d + 8 * u), c);
+            for (int u = 0; u < NV; u++) o[r][u] = _mm256_mul_ps(_mm256_loadu_ps(acc[r] + d + 8 * u), c);
         }
         for (int64_t j = j0; j < j1; j++) {
-            __m256 v[4];
-            for (int u = 0; u < 4; u++) v[u] = _mm256_loadu_ps(V + j * ld + d + 8 * u);
+            __m256 v[NV];
+            for (int u = 0; u < NV; u++) v[u] = _mm256_loadu_ps(V + j * ld + d + 8 * u);
             for (int r = 0; r < R; r++) {
                 const __m256 pj = _mm256_set1_ps(p[r][j]);
-                for (int u = 0; u < 4; u++) o[r][u] = _mm256_fmadd_ps(pj, v[u], o[r][u]);
+                for (int u = 0; u < NV; u++) o[r][u] = _mm256_fmadd_ps(pj, v[u], o[r][u]);
             }
         }
         for (int r = 0; r < R; r++)
-            for (int u = 0; u < 4; u++) _mm256_storeu_ps(acc[r] + d + 8 * u, o[r][u]);
+            for (int u = 0; u < NV; u++) _mm256_storeu_ps(acc[r] + d + 8 * u, o[r][u]);
     }
     for (; d + 8 <= D; d += 8) {
         __m256 o[R];
@@ -231,28 +235,19 @@ void pv_accumulate(float* const* acc, const float* corr, const float* const* p, 
         }
 }
 
-// Online softmax (flash-attention style) over key tiles; query rows r = (token, head) token-major,
-// processed in pairs that share each loaded key and value vector.
-template <bool F16>
-void attention_avx2(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_t t0, int64_t t1) {
-    const int64_t D = a.D, nh = h1 - h0, nr = nh * (t1 - t0), kv_stride = a.n_head_kv * D;
-    thread_local std::vector<float> buf;
-    buf.resize((F16 ? 2 * KEY_TILE * D : 0) + nr * D + 2 * nr + 2 * KEY_TILE);
-    float* tiles = buf.data();                      // K then V tile, [KEY_TILE, D] each (F16 only)
-    float* acc = tiles + (F16 ? 2 * KEY_TILE * D : 0);  // [nr, D]
-    float* m = acc + nr * D;                        // running max of the scaled scores
-    float* l = m + nr;                              // running sum of exp(score - m)
-    float* sc = l + nr;                             // scores of the current pair, [2, KEY_TILE]
-    std::fill(acc, acc + nr * D, 0.f);
-    std::fill(m, m + nr, -INFINITY);
-    std::fill(l, l + nr, 0.f);
-    auto q_row = [&](int64_t r) { return a.q + ((t0 + r / nh) * a.n_head + h0 + r % nh) * D; };
-    auto limit = [&](int64_t r) { return (int64_t)a.limit[t0 + r / nh]; };
-    int64_t L_max = 0;
-    for (int64_t t = t0; t < t1; t++) L_max = std::max<int64_t>(L_max, a.limit[t]);
+// One task of attention_avx2: online softmax (flash-attention style) over key tiles. Query rows
+// r = (token, head), token-major, in groups of up to MAX_GROUP rows that share every loaded key
+// and value vector; each row keeps its running max m, sum l and unnormalised output acc.
+struct AttnTile {
+    const AttnArgs& a;
+    int64_t nh, h0, t0;
+    float *acc, *m, *l, *sc;  // acc [nr, D]; m, l [nr]; sc [MAX_GROUP, KEY_TILE] scores then weights
 
-    // Scale the scores of one row, update its max and sum; p (in sc) becomes exp(score - m_new).
-    auto softmax_step = [&](int64_t r, float* s, int64_t n) -> float {
+    const float* q_row(int64_t r) const { return a.q + ((t0 + r / nh) * a.n_head + h0 + r % nh) * a.D; }
+
+    // Scale one row's scores, update its max and sum; s becomes exp(score - m_new). Returns the
+    // factor exp(m_old - m_new) that rescales the row's accumulated output.
+    float softmax_step(int64_t r, float* s, int64_t n) {
         const __m256 vs = _mm256_set1_ps(a.scale);
         __m256 vm = _mm256_set1_ps(-INFINITY);
         int64_t j = 0;
@@ -283,7 +278,51 @@ void attention_avx2(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_
         m[r] = m_new;
         l[r] = l[r] * corr + sum;
         return corr;
-    };
+    }
+
+    // Rows rows[0..R) see keys [0, n[i]) of the tile K, V: shared loads over the keys all of them
+    // see, then each longer row alone.
+    template <int R>
+    void group(const int64_t* rows, const int64_t* n, const float* K, const float* V, int64_t ld) {
+        constexpr int KB = R >= 3 ? 3 : 4;  // R x KB score accumulators
+        constexpr int NV = R >= 3 ? 2 : 4;  // R x NV output accumulators
+        const float* qs[R];
+        float* ss[R];
+        float* accs[R];
+        float corr[R];
+        int64_t lo = KEY_TILE;
+        for (int i = 0; i < R; i++) {
+            qs[i] = q_row(rows[i]);
+            ss[i] = sc + i * KEY_TILE;
+            accs[i] = acc + rows[i] * a.D;
+            lo = std::min(lo, n[i]);
+        }
+        qk_dots<R, KB>(qs, K, ld, 0, lo, a.D, ss);
+        for (int i = 0; i < R; i++)
+            if (n[i] > lo) qk_dots<1, 4>(qs + i, K, ld, lo, n[i], a.D, ss + i);
+        for (int i = 0; i < R; i++) corr[i] = softmax_step(rows[i], ss[i], n[i]);
+        const float* ps[R];
+        for (int i = 0; i < R; i++) ps[i] = ss[i];
+        pv_accumulate<R, NV>(accs, corr, ps, V, ld, 0, lo, a.D);
+        const float one = 1.f;
+        for (int i = 0; i < R; i++)
+            if (n[i] > lo) pv_accumulate<1, 4>(accs + i, &one, ps + i, V, ld, lo, n[i], a.D);
+    }
+};
+
+template <bool F16>
+void attention_avx2(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_t t0, int64_t t1) {
+    const int64_t D = a.D, nh = h1 - h0, nr = nh * (t1 - t0), kv_stride = a.n_head_kv * D;
+    thread_local std::vector<float> buf;
+    // K then V tile, [KEY_TILE, D] each (F16 only); then acc [nr, D], m, l [nr], scores [MAX_GROUP, KEY_TILE]
+    float* tiles = aligned_floats(buf, (F16 ? 2 * KEY_TILE * D : 0) + nr * D + 2 * nr + MAX_GROUP * KEY_TILE);
+    float* acc = tiles + (F16 ? 2 * KEY_TILE * D : 0);
+    AttnTile tile{a, nh, h0, t0, acc, acc + nr * D, acc + nr * D + nr, acc + nr * D + 2 * nr};
+    std::fill(acc, acc + nr * D, 0.f);
+    std::fill(tile.m, tile.m + nr, -INFINITY);
+    std::fill(tile.l, tile.l + nr, 0.f);
+    int64_t L_max = 0;
+    for (int64_t t = t0; t < t1; t++) L_max = std::max<int64_t>(L_max, a.limit[t]);
 
     for (int64_t s0 = 0; s0 < L_max; s0 += KEY_TILE) {
         const int64_t ns = std::min(KEY_TILE, L_max - s0);
@@ -295,14 +334,20 @@ void attention_avx2(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_
             for (int64_t j = 0; j < ns; j++) {
                 float* kt = tiles + j * D;
                 float* vt = tiles + (KEY_TILE + j) * D;
+                const uint16_t* kr = kc + j * kv_stride;
+                const uint16_t* vr = vc + j * kv_stride;
                 int64_t d = 0;
                 for (; d + 8 <= D; d += 8) {
-                    _mm256_storeu_ps(kt + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(kc + j * kv_stride + d))));
-                    _mm256_storeu_ps(vt + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(vc + j * kv_stride + d))));
+                    if (d % 32 == 0 && s0 + KEY_TILE + j < L_max) {  // the same row of the next tile
+                        _mm_prefetch((const char*)(kr + KEY_TILE * kv_stride + d), _MM_HINT_T0);
+                        _mm_prefetch((const char*)(vr + KEY_TILE * kv_stride + d), _MM_HINT_T0);
+                    }
+                    _mm256_storeu_ps(kt + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(kr + d))));
+                    _mm256_storeu_ps(vt + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(vr + d))));
                 }
                 for (; d < D; d++) {
-                    kt[d] = _cvtsh_ss(kc[j * kv_stride + d]);
-                    vt[d] = _cvtsh_ss(vc[j * kv_stride + d]);
+                    kt[d] = _cvtsh_ss(kr[d]);
+                    vt[d] = _cvtsh_ss(vr[d]);
                 }
             }
             K = tiles;
@@ -312,33 +357,28 @@ void attention_avx2(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_
             K = (const float*)a.k + s0 * kv_stride + g * D;
             V = (const float*)a.v + s0 * kv_stride + g * D;
             ld = kv_stride;
-        }
-        for (int64_t r = 0; r < nr;) {
-            const int64_t n0 = std::clamp<int64_t>(limit(r) - s0, 0, ns);
-            const int64_t n1 = r + 1 < nr ? std::clamp<int64_t>(limit(r + 1) - s0, 0, ns) : 0;
-            float* s_pair[2] = {sc, sc + KEY_TILE};
-            if (n0 > 0 && n1 > 0) {  // a pair: shared loads over the common keys, then the longer row alone
-                const float* qs[2] = {q_row(r), q_row(r + 1)};
-                const int64_t lo = std::min(n0, n1), hi = std::max(n0, n1), longer = n0 >= n1 ? 0 : 1;
-                qk_dots<2>(qs, K, ld, 0, lo, D, s_pair);
-                qk_dots<1>(qs + longer, K, ld, lo, hi, D, s_pair + longer);
-                float corr[2] = {softmax_step(r, s_pair[0], n0), softmax_step(r + 1, s_pair[1], n1)};
-                float* accs[2] = {acc + r * D, acc + (r + 1) * D};
-                const float* ps[2] = {s_pair[0], s_pair[1]};
-                const float one = 1.f;
-                pv_accumulate<2>(accs, corr, ps, V, ld, 0, lo, D);
-                pv_accumulate<1>(accs + longer, &one, ps + longer, V, ld, lo, hi, D);
-                r += 2;
-            } else {
-                if (n0 > 0) {
-                    const float* qs[1] = {q_row(r)};
-                    qk_dots<1>(qs, K, ld, 0, n0, D, s_pair);
-                    const float corr = softmax_step(r, s_pair[0], n0);
-                    float* accs[1] = {acc + r * D};
-                    const float* ps[1] = {s_pair[0]};
-                    pv_accumulate<1>(accs, &corr, ps, V, ld, 0, n0, D);
+            const int64_t n_next = std::min(KEY_TILE, L_max - s0 - KEY_TILE);  // rows of the next tile
+            for (int64_t j = 0; j < n_next; j++)
+                for (int64_t d = 0; d < D; d += 16) {
+                    _mm_prefetch((const char*)(K + (KEY_TILE + j) * ld + d), _MM_HINT_T0);
+                    _mm_prefetch((const char*)(V + (KEY_TILE + j) * ld + d), _MM_HINT_T0);
                 }
-                r += 1;
+        }
+        int64_t rows[MAX_GROUP], n[MAX_GROUP];
+        for (int64_t r = 0; r < nr;) {
+            int R = 0;
+            for (; r < nr && R < MAX_GROUP; r++) {
+                const int64_t nv = std::clamp<int64_t>(a.limit[t0 + r / nh] - s0, 0, ns);
+                if (nv > 0) {
+                    rows[R] = r;
+                    n[R++] = nv;
+                }
+            }
+            switch (R) {
+                case 4: tile.group<4>(rows, n, K, V, ld); break;
+                case 3: tile.group<3>(rows, n, K, V, ld); break;
+                case 2: tile.group<2>(rows, n, K, V, ld); break;
+                case 1: tile.group<1>(rows, n, K, V, ld); break;
             }
         }
     }
@@ -347,7 +387,7 @@ void attention_avx2(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_
         const int64_t t = t0 + r / nh, h = h0 + r % nh;
         float* o = a.o + (t * a.n_head + h) * D;
         const float* src = acc + r * D;
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;  // no visible row: zeros
+        const float inv = tile.l[r] > 0.f ? 1.f / tile.l[r] : 0.f;  // no visible row: zeros
         const float* gt = a.gate ? a.gate + (t * a.n_head + h) * D : nullptr;
         const __m256 vi = _mm256_set1_ps(inv);
         int64_t d = 0;
