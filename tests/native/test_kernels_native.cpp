@@ -164,7 +164,10 @@ std::vector<uint8_t> make_weights(std::mt19937& rng, const Format& f, int64_t N,
         case WData::EXTREME:
             // +-1 alternating, all +1 and all -1 rows: the largest quants each format allows
             for (int64_t n = 0; n < N; n++)
-                for (int64_t k = 0; k < K; k++) x[n * K + k] = n % 3 == 0 ? (k % 2 ? -1.f : 1.f) : n % 3 == 1 ? 1.f : -1.f;
+                for (int64_t k = 0; k < K; k++) {
+                    const float alt = k % 2 ? -1.f : 1.f;
+                    x[n * K + k] = n % 3 == 0 ? alt : n % 3 == 1 ? 1.f : -1.f;
+                }
             break;
         case WData::RAW:
         case WData::MINUS_128: break;
@@ -411,7 +414,8 @@ int main(int argc, char** argv) {
     std::vector<Table> tables;
 #if defined(CLOVER_HAVE_NEON)
     std::printf("cpu: neon %d, dotprod %d, i8mm %d\n", cpu.neon, cpu.dotprod, cpu.i8mm);
-    if (!expect_dotprod.empty()) expect(cpu.dotprod == (expect_dotprod == "yes"), "cpu reports dotprod " + expect_dotprod);
+    if (!expect_dotprod.empty())
+        expect(cpu.dotprod == (expect_dotprod == "yes"), "cpu reports dotprod " + expect_dotprod);
     // The dispatched table is the dot-product build exactly when the CPU has it, and is called "neon".
     expect(kernels_neon() == (cpu.dotprod ? kernels_neon_dotprod() : kernels_neon_plain()),
            "kernels_neon() picks the dotprod build iff the cpu has dotprod");
