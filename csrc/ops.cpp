@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -15,6 +16,9 @@ namespace {
 
 constexpr int64_t ROW_TILE = 16;   // task sizes are multiples of this many weight rows
 constexpr int64_t TOKEN_PANEL = 64;  // tokens per kernel call: a panel of activations stays in L2
+// Below this many multiply-adds a product runs on the calling thread: waking the pool costs more
+// (tens of microseconds, far more on a loaded machine) than the work.
+constexpr int64_t MIN_PARALLEL_MACS = 1 << 21;
 
 // Rows per task: about 4 tasks per thread so dynamic scheduling can balance, at least one tile.
 int64_t rows_per_task(int64_t rows, int n_threads, int64_t n_groups = 1) {
@@ -67,7 +71,8 @@ void matmul(const Kernels& kr, const WeightView& W, const float* X, int64_t M, f
     const uint8_t* Xq = xq.data();
 
     auto p = pool();
-    const int64_t chunk = rows_per_task(W.rows, p->size());
+    const bool small = W.rows * M * W.k < MIN_PARALLEL_MACS;
+    const int64_t chunk = small ? W.rows : rows_per_task(W.rows, p->size());
     const int64_t n_tasks = (W.rows + chunk - 1) / chunk;
     const gemm_fn fn = kr.gemm(W.type);
     p->run(n_tasks, [&](int64_t task, int) {
@@ -108,15 +113,23 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     for (int64_t p = 0; p < n_slots; p++) std::memcpy(&xg[p * xrb], &xq[pos_token[p] * xrb], xrb);
 
     auto pl = pool();
-    const int n_threads = pl->size();
+    // small problems: one task per phase, on the calling thread
+    const int n_threads = n_slots * I * H * 3 < MIN_PARALLEL_MACS ? 0 : pl->size();
     const int64_t n_used = (int64_t)used.size();
 
     // Phase 1: h = silu(gate(x)) * up(x) for every (expert, row chunk).
     std::vector<float> g((size_t)n_slots * I), u((size_t)n_slots * I);
     const gemm_fn gate_fn = kr.gemm(gate.w.type), up_fn = kr.gemm(up.w.type);
-    const int64_t chunk1 = rows_per_task(I, n_threads, n_used);
+    const int64_t chunk1 = n_threads ? rows_per_task(I, n_threads, n_used) : I;
     const int64_t per1 = (I + chunk1 - 1) / chunk1;
-    pl->run(n_used * per1, [&](int64_t task, int) {
+    auto run = [&](int64_t n, const std::function<void(int64_t, int)>& fn) {
+        if (n_threads) {
+            pl->run(n, fn);
+        } else {
+            for (int64_t t = 0; t < n; t++) fn(t, 0);
+        }
+    };
+    run(n_used * per1, [&](int64_t task, int) {
         const int64_t e = used[task / per1];
         const int64_t n0 = (task % per1) * chunk1, n1 = std::min(I, n0 + chunk1);
         const int64_t o = offset[e], ne = count[e];
@@ -132,9 +145,9 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     quantize_acts(down.w.type, g.data(), n_slots, I, hq.data());
     std::vector<float> d((size_t)n_slots * H);
     const gemm_fn down_fn = kr.gemm(down.w.type);
-    const int64_t chunk2 = rows_per_task(H, n_threads, n_used);
+    const int64_t chunk2 = n_threads ? rows_per_task(H, n_threads, n_used) : H;
     const int64_t per2 = (H + chunk2 - 1) / chunk2;
-    pl->run(n_used * per2, [&](int64_t task, int) {
+    run(n_used * per2, [&](int64_t task, int) {
         const int64_t e = used[task / per2];
         const int64_t n0 = (task % per2) * chunk2, n1 = std::min(H, n0 + chunk2);
         gemm_rows(down_fn, down.expert(e), &hq[offset[e] * hrb], hrb, count[e], &d[offset[e] * H], H, n0, n1);
