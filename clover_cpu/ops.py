@@ -114,10 +114,11 @@ def gated_delta_rule(
     L2-normalised here (x * rsqrt(sum(x^2) + 1e-6)), q scaled by 1/sqrt(dk). Per token:
     S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q. update_state=False works on a copy and
     leaves state untouched (the speculative scan of a block being denoised).
-    mode: "recurrent" (token by token), "chunked" (WY form, chunks of GDN_CHUNK tokens) or "auto"
-    (recurrent: on Clover shapes with AVX2 it measured 2x faster at T=1, equal at T=8-32 and ~10%
-    faster at T=128-512; see bench/bench_model_ops.py). A state whose address is a multiple of 64
-    bytes is updated in place; otherwise each head runs on an aligned copy.
+    mode: "recurrent" (token by token), "chunked" (WY form, chunks of GDN_CHUNK tokens) or "auto",
+    the faster one measured for the ISA on Clover shapes: recurrent with AVX2 (2x faster at T=1, equal
+    at T=8-32, ~10% faster at T=128-512), chunked with the scalar kernels (1.2-1.9x faster);
+    see bench/bench_model_ops.py. A state whose address is a multiple of 64 bytes is updated in
+    place; otherwise each head runs on an aligned copy.
     """
     return _core.gated_delta_rule(q, k, v, g, beta, state, update_state, mode, isa=isa)
 

@@ -231,8 +231,8 @@ py::array_t<float> py_gated_delta_rule(const py::array& q, const py::array& k, c
         md = GdnMode::Recurrent;
     else if (mode == "chunked")
         md = GdnMode::Chunked;
-    else if (mode == "auto")  // Clover shapes, AVX2: recurrent 2x faster at T=1, equal at 8-32, ~10% at 128+
-        md = GdnMode::Recurrent;
+    else if (mode == "auto")
+        md = GdnMode::Auto;
     else
         fail("mode must be 'recurrent', 'chunked' or 'auto', got '" + mode + "'");
     py::array_t<float> o({(py::ssize_t)T, (py::ssize_t)Hv, (py::ssize_t)dv});

@@ -58,6 +58,7 @@ struct ModelKernels {
     // C[m, n] = beta * C + alpha * A[m, k] @ B[k, n], row-major with leading dimensions; beta = 0 ignores C.
     void (*matmul)(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
                    int64_t ldc, float alpha, float beta);
+    int64_t gdn_chunked_from;  // GdnMode::Auto runs the chunked form from this many tokens (measured)
 };
 
 // n floats of scratch in buf starting on a 64-byte boundary: 32-byte vectors never split a cache
@@ -98,11 +99,12 @@ void attention(const ModelKernels& kr, const float* q, const void* k, const void
 void conv1d_silu(const ModelKernels& kr, const float* x, const float* w, float* state, int64_t T, int64_t C,
                  int64_t K, bool update_state, float* y);
 
-enum class GdnMode { Recurrent, Chunked };
+enum class GdnMode { Recurrent, Chunked, Auto };
 constexpr int64_t GDN_CHUNK = 64;
 // Gated delta rule (reference 4.5 / 4.6). q, k [T, Hk, dk]; v [T, Hv, dv]; g, beta [T, Hv];
 // state [Hv, dk, dv]; o [T, Hv, dv]. Value head h uses key head h % Hk (llama.cpp's tiled order).
 // q, k are L2-normalised here, q scaled by 1/sqrt(dk). update_state = false leaves state untouched.
+// Auto: the faster form for T tokens on this table (kr.gdn_chunked_from).
 void gated_delta_rule(const ModelKernels& kr, GdnMode mode, const float* q, const float* k, const float* v,
                       const float* g, const float* beta, float* state, int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
                       int64_t dv, bool update_state, float* o);

@@ -417,6 +417,16 @@ def test_gdn_pieces(mode, rng):
             check_close(s, s_whole, tol, f"pieces state {mode} {isa} cut={cut}")
 
 
+def test_gdn_auto_mode(rng):
+    # "auto" is the form measured faster for the ISA's kernels (neon runs the scalar table)
+    a = gdn_inputs(rng, 9, 2, 4, 16, 16)
+    for isa in ISAS:
+        form = "recurrent" if isa == "avx2" else "chunked"
+        s1, s2 = np.zeros((4, 16, 16), np.float32), np.zeros((4, 16, 16), np.float32)
+        auto = ops.gated_delta_rule(**a, state=s1, mode="auto", isa=isa)
+        assert np.array_equal(auto, ops.gated_delta_rule(**a, state=s2, mode=form, isa=isa)), isa
+
+
 def test_gdn_threads(rng, threads):
     T, Hk, Hv, dk, dv = 70, 2, 6, 16, 16
     a = gdn_inputs(rng, T, Hk, Hv, dk, dv)
