@@ -20,7 +20,7 @@ import numpy as np
 
 from .config import ModelConfig, load_config
 from .errors import ConvertError
-from .safetensors_lazy import LazyTensor, open_checkpoint
+from .safetensors_lazy import LazyTensor, close_files, open_checkpoint
 from .tokenizer import SPM_MODEL_KEY, Vocab, read_tokenizer
 
 OUT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m")
@@ -468,6 +468,7 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
             bar.close()
         if old_handler is not None:
             signal.signal(signal.SIGTERM, old_handler)
+        close_files()
     counts: dict[str, int] = {}
     for t in types.values():
         counts[t] = counts.get(t, 0) + 1
