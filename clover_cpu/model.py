@@ -11,7 +11,6 @@ them), so a block-diffusion decoder can denoise a block many times and commit it
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,6 +57,15 @@ class Experts:
     fmt: str
 
 
+def aligned_zeros(shape, align: int = 64) -> np.ndarray:
+    """float32 zeros whose data starts on an `align`-byte boundary (the recurrent GDN kernel runs
+    1.6x slower on a state that is only 16-byte aligned)."""
+    n = int(np.prod(shape))
+    buf = np.zeros(n + align // 4, np.float32)
+    skip = (-buf.ctypes.data % align) // 4
+    return buf[skip : skip + n].reshape(shape)
+
+
 @dataclass
 class Cache:
     """Per sequence: attention keys/values (F16) per attention layer, GDN recurrent state and conv state
@@ -92,15 +100,26 @@ class Cache:
         """The conv state [K-1, conv_dim] and recurrent state [Hv, dk, dv] of a GDN layer (zeros at first)."""
         if layer not in self.ssm:
             self.conv[layer] = np.zeros((c.conv_kernel - 1, c.conv_dim), np.float32)
-            self.ssm[layer] = np.zeros((c.n_v_heads, c.k_head_dim, c.v_head_dim), np.float32)
+            self.ssm[layer] = aligned_zeros((c.n_v_heads, c.k_head_dim, c.v_head_dim))
         return self.conv[layer], self.ssm[layer]
 
     def snapshot(self) -> "Cache":
         """A copy that later `restore` can return to (for a chat that continues)."""
-        return copy.deepcopy(self)
+        return self._copy()
 
     def restore(self, snap: "Cache") -> None:
-        self.__dict__.update(copy.deepcopy(snap).__dict__)
+        self.__dict__.update(snap._copy().__dict__)
+
+    def _copy(self) -> "Cache":
+        def aligned_copy(a):
+            out = aligned_zeros(a.shape)
+            out[...] = a
+            return out
+
+        return Cache(k={i: a.copy() for i, a in self.k.items()}, v={i: a.copy() for i, a in self.v.items()},
+                     ssm={i: aligned_copy(a) for i, a in self.ssm.items()},
+                     conv={i: a.copy() for i, a in self.conv.items()}, n=self.n,
+                     capacity_limit=self.capacity_limit, tokens=list(self.tokens))
 
 
 # ---- the model ----
