@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gguf_file import GGUFError, GGUFFile
+from .gguf_file import GGUFError, GGUFFile, StringArray
 
 ARCHS = ("clover", "qwen35moe")
 
@@ -87,7 +87,7 @@ class Config:
         if len(recurrent) != n_layer:
             raise GGUFError(f"{arch}.attention.recurrent_layers has {len(recurrent)} entries for {n_layer} layers")
         tokens = kv.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, list) or not tokens:
+        if not isinstance(tokens, (list, StringArray)) or not len(tokens):
             raise GGUFError("missing tokenizer.ggml.tokens")
 
         def token_id(key):

@@ -55,6 +55,40 @@ class TensorInfo:
         return n
 
 
+class StringArray:
+    """A GGUF array of strings, bounds-checked at open and decoded on first use (a 248K-token
+    vocabulary costs ~1 s to decode in Python; most runs never need it)."""
+
+    def __init__(self, buf, start: int, count: int, key: str):
+        self._buf, self._start, self._count, self._key = buf, start, count, key
+        self._items: list[str] | None = None
+
+    def _decode(self) -> list[str]:
+        if self._items is None:
+            out, pos, buf = [], self._start, self._buf
+            for i in range(self._count):
+                n = struct.unpack_from("<Q", buf, pos)[0]
+                try:
+                    out.append(bytes(buf[pos + 8 : pos + 8 + n]).decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise GGUFError(f"element {i} of {self._key} is not valid UTF-8") from None
+                pos += 8 + n
+            self._items = out
+        return self._items
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        return self._decode()[i]
+
+    def __iter__(self):
+        return iter(self._decode())
+
+    def __eq__(self, other):
+        return list(self) == list(other)
+
+
 class _Cursor:
     def __init__(self, buf, size: int):
         self.buf, self.size, self.pos = buf, size, 0
@@ -107,7 +141,19 @@ class _Cursor:
             if et == STRING:
                 # each string needs at least its 8-byte length: refuse absurd counts before looping
                 self.need(n * 8, f"array {key} ({n} strings)")
-                return [self.string(f"element {i} of {key}") for i in range(n)]
+                start = self.pos
+                unpack, buf, pos, size = struct.unpack_from, self.buf, self.pos, self.size
+                for i in range(n):  # walk the lengths now (bounds), decode on first use
+                    if pos + 8 > size:
+                        self.pos = pos
+                        self.need(8, f"length of element {i} of {key}")
+                    ln = unpack("<Q", buf, pos)[0]
+                    pos += 8 + ln
+                    if pos > size:
+                        self.pos = pos - ln
+                        self.need(ln, f"element {i} of {key}")
+                self.pos = pos
+                return StringArray(buf, start, n, key)
             raise GGUFError(f"{key}: unknown array element type {et}")
         raise GGUFError(f"{key}: unknown value type {t}")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import re
 
-from .gguf_file import GGUFError
+from .gguf_file import GGUFError, StringArray
 
 SPM_MODEL_KEY = "tokenizer.clover.spm_model"
 CONTROL, USER_DEFINED = 3, 4
@@ -45,12 +45,8 @@ class Tokenizer:
             except Exception:
                 raise GGUFError("the embedded SentencePiece model cannot be read") from None
         elif model == "gpt2":
-            self.ranks = {tuple(m.split(" ", 1)): i for i, m in enumerate(merges or []) if " " in m}
-            self.vocab = {t: i for i, t in enumerate(tokens)}
-            self.byte_enc = _byte_unicode()
-            self.byte_dec = {v: k for k, v in self.byte_enc.items()}
-            specials = [t for t, ty in zip(tokens, types) if ty in (CONTROL, USER_DEFINED) and t]
-            self.special_re = re.compile("(" + "|".join(map(re.escape, sorted(specials, key=len, reverse=True))) + ")") if specials else None
+            self._merges = merges
+            self.ranks = None  # the BPE tables are built on first use
         elif model != "llama":
             raise GGUFError(f"tokenizer model {model!r} is not supported (supported: llama with embedded "
                             "SentencePiece model, gpt2)")
@@ -60,7 +56,7 @@ class Tokenizer:
     def from_gguf(cls, kv: dict) -> "Tokenizer":
         tokens = kv.get("tokenizer.ggml.tokens")
         model = kv.get("tokenizer.ggml.model")
-        if not isinstance(tokens, list) or not isinstance(model, str):
+        if not isinstance(tokens, (list, StringArray)) or not isinstance(model, str):
             raise GGUFError("the file has no usable tokenizer (tokenizer.ggml.model / tokens)")
         types = kv.get("tokenizer.ggml.token_type")
         types = [int(t) for t in types] if types is not None else [1] * len(tokens)
@@ -74,6 +70,17 @@ class Tokenizer:
         return cls(tokens, types, model, kv.get("tokenizer.ggml.merges"), spm_bytes, int(eos) if eos is not None else None)
 
     # -- BPE --
+
+    def _tables(self) -> None:
+        if self.ranks is not None:
+            return
+        self.ranks = {tuple(m.split(" ", 1)): i for i, m in enumerate(self._merges or []) if " " in m}
+        self.vocab = {t: i for i, t in enumerate(self.tokens)}
+        self.byte_enc = _byte_unicode()
+        self.byte_dec = {v: k for k, v in self.byte_enc.items()}
+        specials = [t for t, ty in zip(self.tokens, self.types) if ty in (CONTROL, USER_DEFINED) and t]
+        self.special_re = (re.compile("(" + "|".join(map(re.escape, sorted(specials, key=len, reverse=True))) + ")")
+                           if specials else None)
 
     def _bpe(self, word: str) -> list[int]:
         parts = list(word)
@@ -98,6 +105,7 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if self.sp is not None:
             return list(self.sp.encode(text))
+        self._tables()
         out: list[int] = []
         pieces = self.special_re.split(text) if self.special_re else [text]
         for k, piece in enumerate(pieces):
@@ -114,6 +122,7 @@ class Tokenizer:
         ids = [int(i) for i in ids if not (skip_special and int(i) in self.special_ids)]
         if self.sp is not None:
             return self.sp.decode(ids)
+        self._tables()
         data = bytearray()
         for i in ids:
             t = self.tokens[i]

@@ -75,7 +75,7 @@ def describe(path) -> dict:
         tok = {
             "model": kv.get("tokenizer.ggml.model"),
             "pre": kv.get("tokenizer.ggml.pre"),
-            "vocab": len(tokens) if isinstance(tokens, list) else None,
+            "vocab": len(tokens) if tokens is not None and not isinstance(tokens, str) else None,
             "bos": _plain(kv.get("tokenizer.ggml.bos_token_id")),
             "eos": _plain(kv.get("tokenizer.ggml.eos_token_id")),
             "mask": _plain(kv.get("tokenizer.ggml.mask_token_id")),
