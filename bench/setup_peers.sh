@@ -116,17 +116,22 @@ fi
 if [[ $refresh_project == 1 || -z "$(installed_version clover-cpu)" ]]; then
     say "install clover-cpu from $repo"
     t0=$SECONDS
-    "${pip[@]}" --force-reinstall --no-deps "$repo"
+    # A private build dir: the repository's build/{wheel_tag} belongs to the system install (same tag).
+    "${pip[@]}" --force-reinstall --no-deps -C build-dir="$venv/clover-build" "$repo"
     say "installed clover-cpu in $((SECONDS - t0)) s"
 else
     say "skip clover-cpu (installed $(installed_version clover-cpu); --project reinstalls it)"
 fi
 
-"$py" - <<'EOF'
+# From outside the repository, whose clover_cpu/ source folder (no compiled _core) would shadow the install.
+(cd / && "$py" - <<'EOF'
 import importlib
-for mod in ("torch", "transformers", "llama_cpp", "gguf", "numpy", "safetensors", "sentencepiece", "tokenizers"):
-    m = importlib.import_module(mod)
-    print(f"[setup_peers] {mod:14s} {getattr(m, '__version__', '?')}")
+from importlib.metadata import version
+for mod, dist in (("torch", "torch"), ("transformers", "transformers"), ("llama_cpp", "llama_cpp_python"),
+                  ("gguf", "gguf"), ("numpy", "numpy"), ("safetensors", "safetensors"),
+                  ("sentencepiece", "sentencepiece"), ("tokenizers", "tokenizers")):
+    importlib.import_module(mod)
+    print(f"[setup_peers] {mod:14s} {version(dist)}")
 import transformers.models.qwen3_5_moe  # noqa: F401  (fails loudly on a transformers without Qwen3.5-MoE)
 try:
     import clover_cpu
@@ -134,4 +139,5 @@ try:
 except Exception as e:  # the project may be mid-edit; the peers are what matter here
     print(f"[setup_peers] clover_cpu     not importable: {e}")
 EOF
+)
 say "done: $venv"
