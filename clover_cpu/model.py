@@ -194,11 +194,11 @@ class Model:
             L = {
                 "attn_norm": self._vector(b + "attn_norm.weight", (H,)),
                 "post_norm": self._vector(b + "post_attention_norm.weight", (H,)),
-                "router": self._vector(b + "ffn_gate_inp.weight", (H, c.n_expert)),
+                "router": self._matrix(b + "ffn_gate_inp.weight", (H, c.n_expert)),
                 "gate_exps": self._experts(b + "ffn_gate_exps.weight", (H, c.n_ff_exp, c.n_expert)),
                 "up_exps": self._experts(b + "ffn_up_exps.weight", (H, c.n_ff_exp, c.n_expert)),
                 "down_exps": self._experts(b + "ffn_down_exps.weight", (c.n_ff_exp, H, c.n_expert)),
-                "shexp_gate_inp": self._vector(b + "ffn_gate_inp_shexp.weight", (H,)),
+                "shexp_gate_inp": self._matrix(b + "ffn_gate_inp_shexp.weight", (H,)),
                 "gate_shexp": self._matrix(b + "ffn_gate_shexp.weight", (H, c.n_ff_shexp)),
                 "up_shexp": self._matrix(b + "ffn_up_shexp.weight", (H, c.n_ff_shexp)),
                 "down_shexp": self._matrix(b + "ffn_down_shexp.weight", (c.n_ff_shexp, H)),
@@ -278,12 +278,13 @@ class Model:
 
     def _moe(self, L: dict, x: np.ndarray) -> np.ndarray:
         c = self.config
-        ids, w = ops.router_topk(np.ascontiguousarray(x @ L["router"].T, dtype=np.float32), c.n_expert_used)
+        # (numpy's BLAS is kept off the hot path: its spinning threads fight the kernels' pool)
+        ids, w = ops.router_topk(mat(x, L["router"]), c.n_expert_used)
         g, u, d = L["gate_exps"], L["up_exps"], L["down_exps"]
         routed, n_used = kernels.moe(x, ids, w, g.data, u.data, d.data, g.fmt, u.fmt, d.fmt)
         self.last_experts_used = n_used
         shared = mat(ops.swiglu(mat(x, L["gate_shexp"]), mat(x, L["up_shexp"])), L["down_shexp"])
-        return routed + sigmoid(x @ L["shexp_gate_inp"])[:, None] * shared
+        return routed + sigmoid(mat(x, L["shexp_gate_inp"])) * shared
 
     # -- spans --
 
