@@ -43,7 +43,10 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::work(int index) {
     const int64_t n = n_tasks_;
-    for (int64_t task = next_.fetch_add(1); task < n; task = next_.fetch_add(1)) (*fn_)(task, index);
+    for (int64_t task = next_.fetch_add(1); task < n; task = next_.fetch_add(1)) {
+        (*fn_)(task, index);
+        done_.fetch_add(1);
+    }
 }
 
 void ThreadPool::worker(int index) {
@@ -58,10 +61,11 @@ void ThreadPool::worker(int index) {
             std::unique_lock<std::mutex> lock(mutex_);
             wake_.wait(lock, [&] { return generation_.load() != seen; });
         }
-        seen = generation_.load(std::memory_order_acquire);
+        seen = generation_.load();
         if (stop_.load()) return;
-        work(index);
-        busy_.fetch_sub(1, std::memory_order_acq_rel);
+        active_.fetch_add(1);
+        if (closed_.load() != seen) work(index);  // else the job finished without us: do not touch it
+        active_.fetch_sub(1);
     }
 }
 
@@ -75,14 +79,18 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t, int)>& f
     fn_ = &fn;
     n_tasks_ = n_tasks;
     next_.store(0);
-    busy_.store(n_threads_ - 1);
+    done_.store(0);
+    uint64_t gen;
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        generation_.fetch_add(1, std::memory_order_acq_rel);
+        gen = generation_.fetch_add(1) + 1;
     }
     wake_.notify_all();
     work(0);
-    while (busy_.load(std::memory_order_acquire) != 0) CLOVER_PAUSE();
+    while (done_.load() != n_tasks) CLOVER_PAUSE();
+    // close the job, then wait only for workers that registered before the close (they are running)
+    closed_.store(gen);
+    while (active_.load() != 0) CLOVER_PAUSE();
     fn_ = nullptr;
 }
 

@@ -39,10 +39,15 @@ private:
     std::atomic<uint64_t> generation_{0};
     std::atomic<bool> stop_{false};
 
+    // The current job. A worker registers in active_ before touching it and leaves it alone if the job
+    // is already closed, so run() returns as soon as its tasks are done: it never waits for a worker
+    // that was asleep (on a shared core that costs a scheduler tick, 4 ms, per call).
     const std::function<void(int64_t, int)>* fn_ = nullptr;
     int64_t n_tasks_ = 0;
     std::atomic<int64_t> next_{0};
-    std::atomic<int> busy_{0};
+    std::atomic<int64_t> done_{0};
+    std::atomic<uint64_t> closed_{0};  // the generation of the last finished job
+    std::atomic<int> active_{0};
 };
 
 // The process-wide pool used by the kernels (shared so a resize never frees a pool in use).
