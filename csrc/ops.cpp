@@ -71,7 +71,8 @@ void matmul(const Kernels& kr, const WeightView& W, const float* X, int64_t M, f
     const uint8_t* Xq = xq.data();
 
     auto p = pool();
-    const bool small = W.rows * M * W.k < MIN_PARALLEL_MACS;
+    // (a GEMV is bandwidth-bound: more than a few pages of weights are worth both cores)
+    const bool small = W.rows * M * W.k < MIN_PARALLEL_MACS && W.rows * (int64_t)W.row_bytes < (64 << 10);
     const int64_t chunk = small ? W.rows : rows_per_task(W.rows, p->size());
     const int64_t n_tasks = (W.rows + chunk - 1) / chunk;
     const gemm_fn fn = kr.gemm(W.type);
