@@ -726,7 +726,8 @@ def diffusion_masks(
 ) -> np.ndarray:
     """[n, L] bool: per block a mask ratio t ~ U(0, 1) (each position masked with prob 1/B + (1 - 1/B) t),
     or with probability suffix_share a random non-empty suffix of the block (what a block looks like when
-    the prompt's tail heads it, and when decoding goes left to right)."""
+    the prompt's tail heads it, and when decoding goes left to right). Every block has a masked position
+    (one drawn at random where the ratio left none)."""
     nb = L // B
     t = rng.random((n, nb, 1))
     p = 1.0 / B + (1 - 1.0 / B) * t
@@ -734,6 +735,8 @@ def diffusion_masks(
     suffix = rng.random((n, nb, 1)) < suffix_share
     start = rng.integers(0, B, (n, nb, 1))
     m = np.where(suffix, np.arange(B)[None, None] >= start, m)
+    one = np.arange(B)[None, None] == rng.integers(0, B, (n, nb, 1))
+    m |= one & ~m.any(-1, keepdims=True)
     return m.reshape(n, L)
 
 
