@@ -15,6 +15,17 @@ def pytest_report_header(config):
     return f"clover-cpu kernels: {info['isa']} (available {info['available_isas']}), threads {info['threads']}"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _neutral_cwd(tmp_path_factory):
+    """Run every test (and the subprocesses it starts) outside the source tree: `python -m clover_cpu`
+    and `python -c` put the working directory first on sys.path, and the repository's clover_cpu/
+    folder (no compiled extension) would shadow the installed package."""
+    old = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(old)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
