@@ -215,3 +215,16 @@ def test_bad_options(clover, bad, msg):
 def test_prompt_longer_than_context(clover):
     with pytest.raises(ValueError, match="context"):
         list(decode(clover, list(range(5000)), Options(max_new_tokens=4)))
+
+
+def test_autoregressive_file_decodes_through_the_same_loop(tmp_path):
+    """A qwen35moe file: block length 1, shifted logits, one forward per token, equal to greedy()."""
+    write_random_checkpoint(tmp_path / "hf", model_type="qwen3_5_moe", seed=9, dtype="f32", std=0.2)
+    convert(tmp_path / "hf", tmp_path / "q.gguf", out_type="f32", log=lambda s: None, progress=False)
+    m = clover_cpu.load(tmp_path / "q.gguf")
+    assert m.config.block_length == 1 and m.config.shift_logits and not m.config.is_diffusion
+    prompt = [7, 8, 9, 10, 11]
+    toks, stats = collect(m, prompt, Options(max_new_tokens=10, stop_at_eos=False))
+    assert toks == list(m.greedy(prompt, 10, stop_at_eos=False))
+    assert stats.forwards == 9  # the prefill gives the first token; then one forward per further token
+    assert stats.tokens_per_forward == pytest.approx(10 / 9)
