@@ -8,7 +8,9 @@ that is renamed to the final name only when complete.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import sys
 import time
@@ -459,7 +461,10 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
         os.replace(tmp, out)
     except OSError as e:
         _remove(tmp)
-        raise ConvertError(f"writing {out} failed: {e.strerror or e}") from None
+        reason = e.strerror or str(e)
+        if e.errno == errno.ENOSPC or shutil.disk_usage(out.parent).free < (1 << 20):
+            reason = "No space left on device"  # numpy's tofile reports a short write without errno
+        raise ConvertError(f"writing {out} failed: {reason}") from None
     except BaseException:
         _remove(tmp)
         raise

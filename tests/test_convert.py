@@ -329,3 +329,42 @@ def test_no_partial_file_on_failure(ckpts, tmp_path, monkeypatch):
         convert(ckpts["clover"], out, out_type="q8_0", force=True, log=lambda s: None, progress=False)
     assert out.read_bytes() == b"old contents"
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+
+
+def test_full_disk_is_a_clear_error(ckpts, tmp_path):
+    """A disk that fills up mid-write: one clear line, exit 2, nothing left behind on it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        r = run_cli("convert", ckpts["clover"], "-o", mnt / "m.gguf", "--type", "f32")
+        assert r.returncode == 2, r.stderr
+        assert "No space left on device" in r.stderr and "Traceback" not in r.stderr
+        assert list(mnt.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_killed_conversion_leaves_old_file_or_nothing(tmp_path, sig):
+    """Stopped at some point of the write: the old OUT stays as it was; no partial file under its name."""
+    import signal
+    import time
+
+    src = write_random_checkpoint(tmp_path / "hf", preset="small", model_type="clover", seed=4)
+    out = tmp_path / "m.gguf"
+    out.write_bytes(b"old")
+    p = subprocess.Popen([sys.executable, "-m", "clover_cpu", "convert", str(src), "-o", str(out), "--type", "q4_k_m",
+                          "--force", "--quiet", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while time.time() < deadline and not [f for f in tmp_path.iterdir() if ".partial" in f.name]:
+        time.sleep(0.02)  # wait until the temporary file exists: the write has begun
+    time.sleep(0.2)
+    p.send_signal(getattr(signal, sig))
+    p.communicate(timeout=60)
+    assert out.read_bytes() == b"old"
+    if sig != "SIGKILL":  # a polite stop also removes the temporary file
+        assert not [f for f in tmp_path.iterdir() if ".partial" in f.name]
