@@ -67,3 +67,20 @@ def test_chat_two_turns(gguf):
     r = run("-m", gguf, "--chat", "-n", "6", stdin="hello\nand again\n\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("> ") >= 2
+
+
+def test_ctrl_c_prints_what_was_final(gguf):
+    """SIGINT mid-generation: exit 130, the JSON object still printed, with what was final so far."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "clover_cpu", "run", "-m", str(gguf), "-p", "x = 1", "-n", "4000",
+                          "--threshold", "1.0", "--json", "--ctx-len", "4096", "--ignore-eos"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    d = json.loads(out)
+    assert d["interrupted"] is True and "Traceback" not in err
+    assert len(d["token_ids"]) < 4000

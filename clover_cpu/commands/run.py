@@ -47,6 +47,7 @@ def add_parser(sub) -> None:
                    "the block spread evenly over --max-steps steps")
     p.add_argument("--scorer", choices=["prob", "margin", "entropy"], default="prob",
                    help="confidence of a position: candidate probability (default), top-2 margin, exp(-entropy)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--threads", type=int, default=None, help="threads (default: one per physical core)")
     p.add_argument("--ctx-len", type=int, default=None, help="context length to allow (default: the model's)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout, nothing else")
@@ -73,7 +74,7 @@ def options(args) -> dict:
         raise ValueError("--threads must be >= 0")
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 seed=args.seed, threshold=args.threshold, block_length=args.block_length, max_steps=args.max_steps,
-                policy=args.policy, scorer=args.scorer)
+                policy=args.policy, scorer=args.scorer, stop_at_eos=not args.ignore_eos)
 
 
 class Streamer:
