@@ -64,9 +64,22 @@ def test_missing_model_file(tmp_path):
 
 
 def test_chat_two_turns(gguf):
-    r = run("-m", gguf, "--chat", "-n", "6", stdin="hello\nand again\n\n")
+    r = run("-m", gguf, "--chat", "-n", "20", "--stats", "--ignore-eos", stdin="hello\nand again, a longer turn\n\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("> ") >= 2
+    reused = [int(line.split()[1]) for line in r.stderr.splitlines() if line.startswith("[chat]")]
+    assert len(reused) == 2 and reused[0] == 0 and reused[1] >= 16  # the second turn continued from the caches
+
+
+def test_chat_without_template(tmp_path):
+    from clover_cpu.convert.hf import convert
+    from clover_cpu.convert.synthetic import write_random_checkpoint
+
+    write_random_checkpoint(tmp_path / "hf", model_type="clover", seed=3)
+    (tmp_path / "hf" / "tokenizer_config.json").write_text("{}")
+    convert(tmp_path / "hf", tmp_path / "m.gguf", out_type="q8_0", log=lambda s: None, progress=False)
+    r = run("-m", tmp_path / "m.gguf", "--chat", stdin="hi\n")
+    assert r.returncode == 2 and "has no chat template" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_ctrl_c_prints_what_was_final(gguf):

@@ -185,6 +185,15 @@ def chat(model, opts, args) -> int:
         raise ValueError(f"the chat template cannot be parsed: {e}") from None
     messages: list[dict] = []
     cache = model.new_cache()
+    history: list[int] = []  # the conversation's token ids so far: prompts and replies as generated
+    history_text = ""  # the template's rendering that `history` stands for (up to the last reply)
+
+    def render(msgs, gen):
+        try:
+            return tpl.render(messages=msgs, add_generation_prompt=gen, bos_token="", eos_token="")
+        except jinja2.TemplateError as e:
+            raise ValueError(f"the chat template failed: {e}") from None
+
     print("chat: type a message and press Enter; an empty line or Ctrl-D ends.", file=sys.stderr)
     while True:
         try:
@@ -195,17 +204,26 @@ def chat(model, opts, args) -> int:
         if not line.strip():
             return 0
         messages.append({"role": "user", "content": line})
-        try:
-            prompt = tpl.render(messages=messages, add_generation_prompt=True, bos_token="", eos_token="")
-        except jinja2.TemplateError as e:
-            raise ValueError(f"the chat template failed: {e}") from None
-        ids = model.tokenize(prompt)
-        if ids[: cache.n] == cache.tokens and cache.n < len(ids):
-            new = ids[cache.n :]  # the caches already hold the conversation so far
+        text = render(messages, True)
+        if history and text.startswith(history_text):
+            # only the new turn is tokenized: the caches already hold the conversation's committed blocks
+            ids = history + model.tokenize(text[len(history_text):])
         else:
-            cache, new = model.new_cache(), ids
-        ids, stats, interrupted = generate(model, new, opts, args, cache=cache)
+            ids, cache = model.tokenize(text), model.new_cache()
+        if ids[: cache.n] != cache.tokens:
+            cache = model.new_cache()
+        reused = cache.n
+        out, stats, interrupted = generate(model, ids[cache.n :], opts, args, cache=cache)
         print()
-        messages.append({"role": "assistant", "content": model.detokenize(ids)})
+        reply = model.detokenize(out)
+        messages.append({"role": "assistant", "content": reply})
+        # what follows the reply in the template's rendering (its end-of-turn marker) joins the history
+        done = render(messages, False)
+        if done.startswith(text + reply):
+            history = ids + out + model.tokenize(done[len(text + reply):])
+            history_text = done
+        else:
+            history, history_text = [], ""
         if args.stats and stats is not None:
             print_stats(stats, model)
+            print(f"[chat] {reused} tokens of context reused from the caches", file=sys.stderr)
