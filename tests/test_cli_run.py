@@ -1,6 +1,7 @@
 """`clover-cpu run`: streaming, --json, --stats, --show-steps, chat, and options refused up front."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -82,18 +83,32 @@ def test_chat_without_template(tmp_path):
     assert r.returncode == 2 and "has no chat template" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_ctrl_c_prints_what_was_final(gguf):
-    """SIGINT mid-generation: exit 130, the JSON object still printed, with what was final so far."""
+def _interrupt_after_first_line(args, stream):
+    """Start `clover-cpu run ARGS`, wait for its first line on `stream` (decoding has begun), send SIGINT."""
     import signal
-    import time
 
-    p = subprocess.Popen([sys.executable, "-m", "clover_cpu", "run", "-m", str(gguf), "-p", "x = 1", "-n", "4000",
-                          "--threshold", "1.0", "--json", "--ctx-len", "4096", "--ignore-eos"],
+    p = subprocess.Popen([sys.executable, "-m", "clover_cpu", "run", *map(str, args)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
+    first = os.read(getattr(p, stream).fileno(), 1).decode("utf-8", "replace")  # blocks until something is written
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err
+    return p.returncode, (first + out if stream == "stdout" else out), (first + err if stream == "stderr" else err)
+
+
+def test_ctrl_c_prints_what_was_final(gguf):
+    """SIGINT mid-generation: exit 130, the JSON object still printed, with what was final so far."""
+    rc, out, err = _interrupt_after_first_line(
+        ["-m", gguf, "-p", "x = 1", "-n", "4000", "--threshold", "1.0", "--json", "--show-steps",
+         "--ctx-len", "4096", "--ignore-eos"], "stderr")
+    assert rc == 130, err
     d = json.loads(out)
     assert d["interrupted"] is True and "Traceback" not in err
     assert len(d["token_ids"]) < 4000
+
+
+def test_ctrl_c_while_streaming(gguf):
+    """Streaming mode: Ctrl-C exits 130 with '[interrupted]', keeping the text already printed."""
+    rc, out, err = _interrupt_after_first_line(
+        ["-m", gguf, "-p", "x = 1", "-n", "4000", "--threshold", "1.0", "--ctx-len", "4096", "--ignore-eos"], "stdout")
+    assert rc == 130 and "[interrupted]" in err and "Traceback" not in err, err
+    assert out.strip()

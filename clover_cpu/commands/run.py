@@ -112,7 +112,7 @@ def generate(model, prompt, opts, args, out=sys.stdout, cache=None):
                 ids.extend(ev.tokens)
                 if streamer:
                     streamer.add(ev.tokens)
-            elif ev.kind == "step" and args.show_steps and not args.json:
+            elif ev.kind == "step" and args.show_steps:
                 line = render_block(model, ev.block, model.config.mask_token_id)
                 sys.stderr.write(("\r\x1b[K" if tty else "") + f"[block] {line}" + ("" if tty else "\n"))
                 sys.stderr.flush()
@@ -120,7 +120,7 @@ def generate(model, prompt, opts, args, out=sys.stdout, cache=None):
                 stats = ev.stats
     except KeyboardInterrupt:
         interrupted = True
-    if args.show_steps and tty and not args.json:
+    if args.show_steps and tty:
         sys.stderr.write("\r\x1b[K")
     return ids, stats, interrupted
 
