@@ -257,3 +257,34 @@ def test_eval_helpers(run, tc):
     assert res["prompts"] <= 2 and res["threshold"] == 0.9
     saved = json.loads((out / "eval.json").read_text())
     assert {"tokens_per_forward", "parse_rate", "parse_rate_true", "samples"} <= set(saved)
+
+
+def test_import_gguf_inverts_the_converter(run, tc):
+    """import_gguf (used to test the shipped model) undoes every reordering and transform of the converter:
+    the F32 file comes back as the exported weights, with the embedded tokenizer."""
+    out, model = run
+    back = tc.import_gguf(out / "clover-small.gguf")
+    want = model.state_dict()
+    for k, v in back.state_dict().items():
+        torch.testing.assert_close(v, want[k], rtol=1e-6, atol=1e-6, msg=k)
+    assert back.tokenizer_bytes == (out / "hf" / "tokenizer.model").read_bytes()
+
+
+def test_reference_decoder_matches_runtime(run, tc):
+    """The slow PyTorch decoder and the runtime's cached one agree on the tiny model: at 0.9 (one token per
+    step, as an untrained model is never sure) and at a threshold that the first step's median confidence
+    sets (several tokens per step); a prompt tail heading the first block; a budget ending mid-block."""
+    out, model = run
+    m = clover_cpu.load(out / "clover-small.gguf", kv_type="f32")
+    B = model.shape.block_length
+    tail = list(range(7, 10))
+    with torch.no_grad():
+        x = torch.tensor(tail + [tc.MASK_ID] * (B - len(tail)))[None]
+        conf = torch.softmax(model(x, "block", B)[0, len(tail):].double(), -1).max(-1).values
+    low = float(conf.median())
+    for prompt, threshold, n in ((list(range(5, 5 + 2 * B)), 0.9, 3 * B), (tail, low, 2 * B + 1)):
+        want = tc.reference_decode(model, prompt, n, threshold)
+        got = m.generate_text(prompt, max_new_tokens=n, threshold=threshold, stop_at_eos=True)
+        assert got["token_ids"] == want
+        if threshold == low and len(want) == n:
+            assert got["tokens_per_forward"] > 1

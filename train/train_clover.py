@@ -895,6 +895,37 @@ def plan_steps(model, r: Recipe, tokens, seconds: float, device, log) -> tuple[i
     return max(1, n_ar), max(1, n_diff)
 
 
+def extend_plan(model, r: Recipe, tokens, seconds: float, lr: float, state: dict, device, log) -> None:
+    """Append a second diffusion stage that fills `seconds` (timed on a copy of the model) to a run whose
+    diffusion phase is done: it continues from the finished weights with its own warm-up and cosine decay
+    at peak `lr`. The batches of the new steps follow the same (seed, phase, step) rule, so the run stays
+    deterministic; plan.json records the stage."""
+    import copy
+
+    if r.plan.get("extend"):
+        if state["step"] < r.plan["diffusion"]:
+            return  # an extension already planned and not finished: resume it
+        raise SystemExit("this run was already extended once; use another --out to train further")
+    if state["step"] < r.plan["diffusion"]:
+        raise SystemExit("--extend-minutes applies to a finished run; run without it to resume this one")
+    t0 = time.perf_counter()
+    probe = copy.deepcopy(model)
+    opt = make_optimizer(probe, r)
+    train_step(probe, opt, r, "diffusion", 0, tokens, 1e-4, device)
+    ts = []
+    for i in range(3):
+        t = time.perf_counter()
+        train_step(probe, opt, r, "diffusion", i + 1, tokens, 1e-4, device)
+        ts.append(time.perf_counter() - t)
+    seconds = 0.97 * (seconds - (time.perf_counter() - t0))
+    n0 = r.plan["diffusion"]
+    extra = max(1, int(seconds / sorted(ts)[1]))
+    r.plan = {**r.plan, "diffusion": n0 + extra, "budget_s": state["elapsed"] + seconds,
+              "extend": {"from": n0, "steps": extra, "lr": lr}}
+    log(f"extend: {sorted(ts)[1]:.2f}s per diffusion step; {extra} more diffusion steps (peak lr {lr:.1e}) "
+        f"in {seconds / 60:.1f} min")
+
+
 def train(
     args, shape: Shape, r: Recipe, tokens: np.ndarray, eval_tokens: np.ndarray, budget_s: float, log
 ) -> Clover:
@@ -929,6 +960,9 @@ def train(
             n_ar, n_diff = n_ar or p_ar, n_diff or p_diff
         r.plan = {"ar": n_ar, "diffusion": n_diff, "budget_s": budget_s}
         (out / "plan.json").write_text(json.dumps(r.plan, indent=1))
+    if getattr(args, "extend_minutes", 0) and state["phase"] == "diffusion":
+        extend_plan(model, r, tokens, args.extend_minutes * 60, args.extend_lr, state, device, log)
+        (out / "plan.json").write_text(json.dumps(r.plan, indent=1))
     # a phase that runs past its share of the budget (a slower machine than planned) ends early
     deadline = {"ar": r.ar_share * r.plan["budget_s"] * 1.05, "diffusion": r.plan["budget_s"]}
 
@@ -956,7 +990,11 @@ def train(
         t_log, tok_log = time.time(), 0
         while state["step"] < n:
             step = state["step"]
-            lr = lr_at(step, n, peak, r.warmup, r.min_lr_ratio if phase == "ar" else 0.02)
+            ext = r.plan.get("extend")
+            if phase == "diffusion" and ext and step >= ext["from"]:  # a second stage: its own warm-up and decay
+                lr = lr_at(step - ext["from"], ext["steps"], ext["lr"], r.warmup // 2, 0.02)
+            else:
+                lr = lr_at(step, n, peak, r.warmup, r.min_lr_ratio if phase == "ar" else 0.02)
             m = train_step(model, opt, r, phase, step, tokens, lr, device)
             state["step"] += 1
             state["elapsed"] = elapsed0 + time.time() - t_session
@@ -1041,6 +1079,105 @@ def load_exported(hf_dir: Path, device="cpu") -> Clover:
     model = Clover(shape)
     model.load_state_dict(load_file(str(hf_dir / "model.safetensors")))
     return model.to(device).eval()
+
+
+def shape_of(config) -> Shape:
+    """The Shape of a loaded clover_cpu model (its GGUF metadata)."""
+    c = config
+    full = [i for i, r in enumerate(c.recurrent) if not r]
+    return Shape(
+        vocab_size=c.vocab_size, hidden_size=c.n_embd, num_hidden_layers=c.n_layer,
+        full_attention_interval=full[0] + 1 if full else c.n_layer + 1,
+        num_attention_heads=c.n_head, num_key_value_heads=c.n_head_kv, head_dim=c.head_dim,
+        partial_rotary_factor=c.n_rot / c.head_dim, rope_theta=c.rope_theta,
+        linear_num_key_heads=c.n_k_heads, linear_num_value_heads=c.n_v_heads,
+        linear_key_head_dim=c.k_head_dim, linear_value_head_dim=c.v_head_dim,
+        linear_conv_kernel_dim=c.conv_kernel, num_experts=c.n_expert, num_experts_per_tok=c.n_expert_used,
+        moe_intermediate_size=c.n_ff_exp, shared_expert_intermediate_size=c.n_ff_shexp, rms_norm_eps=c.eps,
+        max_position_embeddings=c.context_length, block_length=c.block_length, threshold=c.threshold,
+    )
+
+
+def import_gguf(path: Path) -> Clover:
+    """A clover GGUF back into this file's PyTorch model: weights dequantized to float32, and the
+    converter's reorderings and transforms undone (its own tensor plans, run backwards); the embedded
+    SentencePiece model as `.tokenizer_bytes`. Exporting the result gives the checkpoint the file was
+    converted from, up to the file's quantization."""
+    import tempfile
+
+    import gguf as gg
+
+    import clover_cpu
+    from clover_cpu.convert.config import load_config
+    from clover_cpu.convert.hf import Planner, neg_exp, plus_one
+    from clover_cpu.convert.safetensors_lazy import LazyTensor
+
+    shape = shape_of(clover_cpu.load(path).config)
+    model = Clover(shape)
+    state = {k: np.zeros(tuple(v.shape), np.float32) for k, v in model.state_dict().items()}
+    stubs = {k: LazyTensor(k, "F32", tuple(v.shape), Path(k), 0) for k, v in state.items()}
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps(shape.hf_config()))
+        plans = Planner(load_config(Path(d)), stubs).plan()
+    reader = gg.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    inverse = {plus_one: lambda x: x - np.float32(1), neg_exp: lambda x: np.log(-x)}
+    for plan in plans:
+        t = tensors[plan.name]
+        x = gg.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(plan.n_rows, plan.row_len)
+        if plan.fn is not None:
+            x = inverse[plan.fn](x)
+        if plan.col_perm is not None:
+            y = np.empty_like(x)
+            y[:, plan.col_perm] = x
+            x = y
+        k = 0
+        for seg in plan.segments:
+            state[seg.src.name].reshape(-1, plan.row_len)[seg.rows] = x[k : k + len(seg.rows)]
+            k += len(seg.rows)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    spm = reader.fields.get("tokenizer.clover.spm_model")  # the tokenizer.model the file was converted with
+    model.tokenizer_bytes = np.concatenate([spm.parts[i] for i in spm.data]).tobytes() if spm else None
+    return model.eval()
+
+
+@torch.no_grad()
+def reference_decode(model: Clover, prompt: list[int], max_new_tokens: int, threshold: float,
+                     block_length: int = 0) -> list[int]:
+    """Greedy block-diffusion decoding (CLOVER.md section 4) the slow, obvious way: no caches, every step
+    recomputes the whole sequence (committed tokens and the current block, block-causal attention). The
+    prompt's full blocks are context; its tail heads the first block. Per step, every masked position whose
+    argmax probability reaches the threshold is committed (at least the most confident one). Generation
+    ends after max_new_tokens or at EOS (dropped with what follows it)."""
+    B = block_length or model.shape.block_length
+    seq = list(prompt)
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        start = (len(seq) // B) * B
+        head = seq[start:]
+        budget = min(B - len(head), max_new_tokens - len(out))
+        block = head + [MASK_ID] * (B - len(head))
+        undecided = list(range(len(head), len(head) + budget))
+        step = 0
+        while undecided:
+            x = torch.tensor(seq[:start] + block)[None]
+            logits = model(x, "block", B)[0, start:].double()
+            p = torch.softmax(logits[undecided], -1)
+            conf, cand = p.max(-1)
+            if step == B - 1:
+                pick = list(range(len(undecided)))
+            else:
+                pick = [i for i in range(len(undecided)) if conf[i] >= threshold] or [int(conf.argmax())]
+            for i in pick:
+                block[undecided[i]] = int(cand[i])
+            undecided = [u for i, u in enumerate(undecided) if i not in pick]
+            step += 1
+        new = block[len(head) : len(head) + budget]
+        if EOS_ID in new:
+            return out + new[: new.index(EOS_ID)]
+        out += new
+        seq = seq[:start] + block[: len(head) + budget]
+    return out
 
 
 # ---- evaluation ----
@@ -1385,6 +1522,16 @@ def main(argv=None) -> int:
     ap.add_argument("--eval", action="store_true", help="only evaluate the finished run in OUT (no training)")
     ap.add_argument("--eval-prompts", type=int, default=20, help="held-out prompts for --eval (default 20)")
     ap.add_argument("--no-eval", action="store_true", help="skip the evaluation at the end of training")
+    ap.add_argument(
+        "--extend-minutes",
+        type=float,
+        default=0.0,
+        help="continue a finished run with a second diffusion stage of about this many minutes (own warm-up "
+        "and decay); export, conversion and evaluation follow as usual",
+    )
+    ap.add_argument(
+        "--extend-lr", type=float, default=5e-4, help="peak learning rate of that stage (default 5e-4)"
+    )
     ap.add_argument(
         "--stop-after-steps",
         type=int,
