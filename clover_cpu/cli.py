@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import convert, info, run
+from .commands import bench, convert, info, run
 
-COMMANDS = {"run": run, "convert": convert, "info": info}
+COMMANDS = {"run": run, "convert": convert, "info": info, "bench": bench}
 
 
 def build_parser() -> argparse.ArgumentParser:

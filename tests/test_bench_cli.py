@@ -1,0 +1,35 @@
+"""`clover-cpu bench`: builds the random-weight model, measures clover-cpu (llama.cpp where installed: see
+bench/setup_peers.sh), prints the table and writes JSON; bad options are refused in one line."""
+
+import json
+import subprocess
+import sys
+
+
+def bench(*args):
+    return subprocess.run([sys.executable, "-m", "clover_cpu", "bench", *map(str, args)], capture_output=True, text=True)
+
+
+def test_bench_tiny_clover_only(tmp_path):
+    out = tmp_path / "b.json"
+    r = bench("--preset", "tiny", "--workdir", tmp_path, "--no-llama", "--tests", "pp1,pp8,tg", "--reps", "1",
+              "--tg-tokens", "4", "--threads", "1", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert "pp8" in r.stdout and "peak RSS" in r.stdout
+    d = json.loads(out.read_text())
+    tps = d["results"]["clover"]["tokens_per_second"]
+    assert set(tps) == {"pp1", "pp8", "tg"} and all(v > 0 for v in tps.values())
+    assert d["results"]["clover"]["peak_rss_gb"] > 0 and d["threads"] == 1
+    assert (tmp_path / "tiny-qwen35moe-q4_k_m.gguf").exists()  # built once, reused by the next run
+
+
+def test_bench_refuses_bad_options(tmp_path):
+    for bad in (["--tests", "pp0"], ["--tests", "pp4096"], ["--tests", "xx"], ["--reps", "0"], ["--threads", "0"]):
+        r = bench("--no-llama", "--workdir", tmp_path, *bad)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, bad
+    r = bench("--no-llama", "-m", tmp_path / "missing.gguf")
+    assert r.returncode == 2 and "no such file" in r.stderr
+    from clover_cpu.commands.run import shipped_model
+
+    r = bench("--no-llama", "-m", shipped_model())
+    assert r.returncode == 2 and "needs a qwen35moe file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
