@@ -57,6 +57,15 @@ class Config:
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "Config":
+        try:
+            return cls._from_gguf(g)
+        except GGUFError:
+            raise
+        except (TypeError, ValueError, ZeroDivisionError, OverflowError, AttributeError) as e:
+            raise GGUFError(f"bad model metadata ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def _from_gguf(cls, g: GGUFFile) -> "Config":
         arch = g.arch
         if arch not in ARCHS:
             raise GGUFError(f"architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
@@ -77,12 +86,16 @@ class Config:
                 raise GGUFError(f"metadata key {full} has a bad value {v!r}") from None
 
         n_layer = get("block_count")
+        if not 1 <= n_layer <= 4096:
+            raise GGUFError(f"{arch}.block_count must be in [1, 4096], got {n_layer}")
         n_head = get("attention.head_count")
         recurrent = kv.get(f"{arch}.attention.recurrent_layers")
         if recurrent is not None:
             recurrent = tuple(bool(b) for b in list(recurrent))[:n_layer]
         else:
             interval = get("full_attention_interval", 4)
+            if interval < 1:
+                raise GGUFError(f"{arch}.full_attention_interval must be >= 1, got {interval}")
             recurrent = tuple((i + 1) % interval != 0 for i in range(n_layer))
         if len(recurrent) != n_layer:
             raise GGUFError(f"{arch}.attention.recurrent_layers has {len(recurrent)} entries for {n_layer} layers")
@@ -96,6 +109,8 @@ class Config:
 
         k_head_dim = get("ssm.state_size")
         n_v_heads = get("ssm.time_step_rank")
+        if n_v_heads <= 0:
+            raise GGUFError(f"bad model shape: {arch}.ssm.time_step_rank = {n_v_heads}")
         c = cls(
             arch=arch,
             n_embd=get("embedding_length"),
@@ -139,5 +154,13 @@ class Config:
             raise GGUFError(f"bad model shape: rope.dimension_count {self.n_rot}")
         if self.n_expert_used > self.n_expert:
             raise GGUFError("bad model shape: expert_used_count > expert_count")
+        if self.context_length <= 0:
+            raise GGUFError(f"bad model shape: context_length = {self.context_length}")
+        if not 0 < self.threshold <= 1:
+            raise GGUFError(f"bad diffusion threshold {self.threshold} (must be in (0, 1])")
+        for name in ("bos_token_id", "eos_token_id"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= v < self.vocab_size:
+                raise GGUFError(f"tokenizer.ggml.{name} = {v} is outside the vocabulary of {self.vocab_size}")
         if self.arch == "clover" and (self.mask_token_id is None or not 0 <= self.mask_token_id < self.vocab_size):
             raise GGUFError("a clover file needs tokenizer.ggml.mask_token_id inside the vocabulary")

@@ -85,12 +85,15 @@ def load_config(src: Path) -> ModelConfig:
         top = json.loads(path.read_text())
         if not isinstance(top, dict):
             raise ValueError("not a JSON object")
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ConvertError(f"malformed config.json: {e}") from None
     model_type = top.get("model_type")
-    if model_type not in SUPPORTED:
+    if not isinstance(model_type, str) or model_type not in SUPPORTED:
         raise ConvertError(f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED)})")
-    cfg = dict(top.get("text_config") or {})
+    text = top.get("text_config") or {}
+    if not isinstance(text, dict):
+        raise ConvertError("malformed config.json: text_config is not an object")
+    cfg = dict(text)
     # keys of the top level fill what the text config lacks (flat configs have everything there)
     for k, v in top.items():
         if k != "text_config":
@@ -98,9 +101,13 @@ def load_config(src: Path) -> ModelConfig:
     where = "config.json"
     try:
         n_layer = int(_get(cfg, "num_hidden_layers", where))
+        if not 1 <= n_layer <= 4096:
+            raise ValueError(f"num_hidden_layers must be in [1, 4096], got {n_layer}")
         layer_types = cfg.get("layer_types")
         if layer_types is None:
             interval = int(cfg.get("full_attention_interval", 4))
+            if interval < 1:
+                raise ValueError(f"full_attention_interval must be >= 1, got {interval}")
             layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layer)]
         if len(layer_types) != n_layer or any(t not in ("linear_attention", "full_attention") for t in layer_types):
             raise ConvertError(f"{where}: layer_types must list {n_layer} of linear_attention / full_attention")
@@ -146,8 +153,8 @@ def load_config(src: Path) -> ModelConfig:
             shift_logits=bool(cfg.get("shift_logits", False)),
             threshold=float(cfg.get("threshold", 0.95)),
         )
-    except (TypeError, ValueError) as e:
-        raise ConvertError(f"{where}: bad value ({e})") from None
+    except (TypeError, ValueError, AttributeError, OverflowError, KeyError, IndexError, ZeroDivisionError) as e:
+        raise ConvertError(f"{where}: bad value ({type(e).__name__}: {e})") from None
     _validate(c)
     return c
 

@@ -119,7 +119,7 @@ def read_header(path: Path) -> dict[str, LazyTensor]:
         header = json.loads(header_bytes)
         if not isinstance(header, dict):
             raise ValueError("not an object")
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ConvertError(f"{path.name}: corrupt safetensors header ({e})") from None
     data_start = 8 + n
     data_size = size - data_start
@@ -128,9 +128,12 @@ def read_header(path: Path) -> dict[str, LazyTensor]:
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise ConvertError(f"{path.name}: corrupt safetensors entry for {name!r}") from None
+        ints = (*shape, begin, end)
+        if not isinstance(dtype, str) or not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+            raise ConvertError(f"{path.name}: corrupt safetensors entry for {name!r} (dtype, shape or offsets)")
         if any(d < 0 for d in shape) or not (0 <= begin <= end):
             raise ConvertError(f"{path.name}: corrupt safetensors entry for {name!r}")
         if end > data_size:
@@ -153,7 +156,10 @@ def open_checkpoint(src: Path) -> dict[str, LazyTensor]:
             weight_map = json.loads(index.read_text())["weight_map"]
             if not isinstance(weight_map, dict):
                 raise ValueError("weight_map is not an object")
-        except (ValueError, KeyError, TypeError) as e:
+            for shard in weight_map.values():
+                if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+                    raise ValueError(f"shard {shard!r} is not a file name in the checkpoint folder")
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise ConvertError(f"{index.name}: malformed index ({e})") from None
         shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (src / s).exists()]
