@@ -46,10 +46,8 @@ class CloverEngine:
         self.cache = self.m.new_cache()
 
     def eval(self, ids: list[int]):
-        from clover_cpu.model import mat
-
         h = self.m.run(self.cache, ids, commit=True, logits=False)[-1:]
-        return mat(h, self.m.output)[0]  # the last position's logits only, as llama.cpp computes them
+        return self.m.logits(h)[0]  # the last position's logits only, as llama.cpp computes them
 
     def info(self) -> dict:
         import clover_cpu

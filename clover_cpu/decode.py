@@ -202,8 +202,8 @@ def decode(model, prompt_ids, opts: Options, cache=None):
     n_full = (len(prompt) // B) * B
     carry = None  # logits of the last committed position (predicts the next token when shift)
     if n_full:
-        out = model.run(cache, prompt[:n_full], commit=True, block=block_mode)
-        carry = out[-1]
+        h = model.run(cache, prompt[:n_full], commit=True, block=block_mode, logits=False)
+        carry = model.logits(h[-1:])[0]  # only the last position's logits are ever used
     stats.prefill_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     head = prompt[n_full:]

@@ -32,6 +32,11 @@ STRING, ARRAY = 8, 9
 TYPE_NAMES = {t["ggml_type"]: name for name, t in FORMATS.items()}
 MAX_DIMS = 4
 MAX_KEY = 1 << 16
+# where a block format keeps its float16 scales: (byte offset in the block, how many). The other bytes of
+# a block are small integers, so a block's values are finite exactly when these scales are.
+_F16_SCALES = {"q8_0": (0, 1), "q4_0": (0, 1), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208, 1)}
+# a float is NaN or Inf exactly when its exponent bits are all ones: (view dtype, exponent mask)
+_EXP_MASK = {"f32": (np.uint32, 0x7F800000), "f16": (np.uint16, 0x7C00), "bf16": (np.uint16, 0x7F80)}
 
 
 @dataclass
@@ -167,7 +172,9 @@ class GGUFFile:
             self._file = open(self.path, "rb")
         except OSError as e:
             raise GGUFError(f"cannot open {self.path}: {e.strerror or e}") from None
-        self.file_size = os.fstat(self._file.fileno()).st_size
+        st = os.fstat(self._file.fileno())
+        self.file_size = st.st_size
+        self._identity = (st.st_size, st.st_mtime_ns)
         if self.file_size < 24:
             self._file.close()
             raise GGUFError(f"{self.path.name} is not a GGUF file ({self.file_size} bytes)")
@@ -256,6 +263,51 @@ class GGUFFile:
         rb = ti.ne[0] // fmt["block_size"] * fmt["block_bytes"]
         arr = np.frombuffer(self._mm, dtype=np.uint8, count=ti.nbytes, offset=ti.offset)
         return arr.reshape(-1, rb)
+
+    def check_unchanged(self) -> None:
+        """Refuse to go on when the open file was rewritten in place since it was mapped (its size or
+        modification time moved): the mapped bytes are no longer the ones that were validated. Removing
+        or replacing the file by name (as `clover-cpu convert` does: write aside, then rename) leaves the
+        mapping intact and is fine."""
+        try:
+            st = os.fstat(self._file.fileno())
+        except (OSError, ValueError):
+            raise GGUFError(f"{self.path.name} is closed") from None
+        if (st.st_size, st.st_mtime_ns) != self._identity:
+            raise GGUFError(f"{self.path} was modified on disk after it was loaded ({self._identity[0]} -> "
+                            f"{st.st_size} bytes); load it again")
+
+    def nonfinite(self, name: str, chunk: int = 1 << 24) -> bool:
+        """True when tensor `name` holds a NaN or Inf (for block formats: a NaN or Inf scale). Reads the
+        tensor's bytes (or only its scales) in chunks, without decoding the weights."""
+        ti = self.tensors[name]
+        raw = np.frombuffer(self._mm, dtype=np.uint8, count=ti.nbytes, offset=ti.offset)
+        if ti.type_name in _EXP_MASK:
+            dt, mask = _EXP_MASK[ti.type_name]
+            words = raw.view(dt)
+            step = chunk // words.itemsize
+            return any(bool(((words[i : i + step] & mask) == mask).any()) for i in range(0, words.size, step))
+        off, n = _F16_SCALES[ti.type_name]
+        blocks = raw.reshape(-1, FORMATS[ti.type_name]["block_bytes"])
+        step = max(1, chunk // blocks.shape[1])
+        for i in range(0, blocks.shape[0], step):
+            scales = np.ascontiguousarray(blocks[i : i + step, off : off + 2 * n]).view(np.uint16)
+            if ((scales & 0x7C00) == 0x7C00).any():
+                return True
+        return False
+
+    def verify(self, progress=None) -> list[str]:
+        """Names of the tensors holding NaN or Inf (every tensor is read once: slow on a big file).
+        progress(done_bytes, total_bytes) is called after each tensor."""
+        bad, done = [], 0
+        total = sum(ti.nbytes for ti in self.tensors.values())
+        for name, ti in self.tensors.items():
+            if self.nonfinite(name):
+                bad.append(name)
+            done += ti.nbytes
+            if progress:
+                progress(done, total)
+        return bad
 
     def close(self) -> None:
         try:

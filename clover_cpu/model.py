@@ -297,6 +297,7 @@ class Model:
         gives Clover's block-causal attention (a token sees every token of its own B-block). Returns
         float32 logits [T, vocab] (or the final hidden states if logits=False)."""
         c = self.config
+        self.file.check_unchanged()
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             return np.zeros((0, c.vocab_size), np.float32)
@@ -321,7 +322,16 @@ class Model:
         cache.n += commit
         cache.tokens.extend(int(t) for t in ids[:commit])
         h = rmsnorm(x, self.output_norm, c.eps)
-        return mat(h, self.output) if logits else h
+        return self.logits(h) if logits else h
+
+    def logits(self, h: np.ndarray) -> np.ndarray:
+        """The output head on final hidden states; NaN or Inf there means corrupt weights (the loader
+        checks norms, not every matrix: `clover-cpu info --verify` scans a whole file)."""
+        out = mat(h, self.output)
+        if not np.isfinite(out).all():
+            raise GGUFError(f"the model produced NaN or Inf logits: {self.file.path.name} holds corrupt weights "
+                            f"(find them with: clover-cpu info --verify {self.file.path})")
+        return out
 
     def new_cache(self) -> Cache:
         return Cache(capacity_limit=self.ctx_len)
@@ -347,7 +357,7 @@ class Model:
             return
         h = self.run(cache, ids, commit=True, logits=False)[-1:]
         for step in range(max_new_tokens):
-            logits = mat(h, self.output)[0]
+            logits = self.logits(h)[0]
             tok = int(np.argmax(logits))  # ties: the lowest id
             yield tok
             if (stop_at_eos and tok == self.config.eos_token_id) or step == max_new_tokens - 1:

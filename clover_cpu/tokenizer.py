@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+import numpy as np
 
 from .gguf_file import GGUFError, StringArray
 
@@ -44,6 +45,9 @@ class Tokenizer:
                 self.sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
             except Exception:
                 raise GGUFError("the embedded SentencePiece model cannot be read") from None
+            if self.sp.GetPieceSize() > len(tokens):
+                raise GGUFError(f"the embedded SentencePiece model has {self.sp.GetPieceSize()} pieces, more than "
+                                f"the {len(tokens)} tokens of tokenizer.ggml.tokens")
         elif model == "gpt2":
             self._merges = merges
             self.ranks = None  # the BPE tables are built on first use
@@ -59,7 +63,15 @@ class Tokenizer:
         if not isinstance(tokens, (list, StringArray)) or not isinstance(model, str):
             raise GGUFError("the file has no usable tokenizer (tokenizer.ggml.model / tokens)")
         types = kv.get("tokenizer.ggml.token_type")
+        for key, arr in (("token_type", types), ("scores", kv.get("tokenizer.ggml.scores"))):
+            if arr is not None and not isinstance(arr, np.ndarray):
+                raise GGUFError(f"tokenizer.ggml.{key} is not an array of numbers")
+            if arr is not None and len(arr) != len(tokens):
+                raise GGUFError(f"tokenizer.ggml.{key} has {len(arr)} entries for {len(tokens)} tokens")
         types = [int(t) for t in types] if types is not None else [1] * len(tokens)
+        merges = kv.get("tokenizer.ggml.merges")
+        if merges is not None and not isinstance(merges, (list, StringArray)):
+            raise GGUFError("tokenizer.ggml.merges is not an array of strings")
         spm_bytes = kv.get(SPM_MODEL_KEY)
         if spm_bytes is not None:
             spm_bytes = bytes(bytearray(int(b) for b in spm_bytes)) if not hasattr(spm_bytes, "tobytes") else spm_bytes.tobytes()
@@ -67,7 +79,7 @@ class Tokenizer:
             raise GGUFError("this SentencePiece-tokenized file has no embedded tokenizer model "
                             f"({SPM_MODEL_KEY}); re-convert it with clover-cpu convert")
         eos = kv.get("tokenizer.ggml.eos_token_id")
-        return cls(tokens, types, model, kv.get("tokenizer.ggml.merges"), spm_bytes, int(eos) if eos is not None else None)
+        return cls(tokens, types, model, merges, spm_bytes, int(eos) if eos is not None else None)
 
     # -- BPE --
 

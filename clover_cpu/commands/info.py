@@ -19,6 +19,9 @@ def add_parser(sub) -> None:
     p.add_argument("model", nargs="?", metavar="MODEL.gguf", help="the file to describe")
     p.add_argument("--system", action="store_true", help="describe this machine and the kernels chosen for it")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--verify", action="store_true",
+                   help="also read every weight and report tensors holding NaN or Inf (exit 1 if any); "
+                   "reads the whole file")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -98,11 +101,31 @@ def _plain(v):
     return v
 
 
+def verify(path, show_progress: bool) -> list[str]:
+    import sys
+
+    from clover_cpu.gguf_file import GGUFFile
+
+    def progress(done, total):
+        if show_progress:
+            print(f"\rverifying weights: {100 * done / max(1, total):5.1f}%", end="", file=sys.stderr, flush=True)
+
+    with GGUFFile(path) as g:
+        bad = g.verify(progress)
+    if show_progress:
+        print(file=sys.stderr)
+    return bad
+
+
 def model(args) -> int:
     d = describe(args.model)
+    if args.verify:
+        import sys
+
+        d["nonfinite_tensors"] = verify(args.model, not args.json and sys.stderr.isatty())
     if args.json:
         print(json.dumps(d))
-        return 0
+        return 1 if d.get("nonfinite_tensors") else 0
     print(f"file:          {d['path']} ({d['file_size'] / 1e9:.2f} GB, GGUF v{d['gguf_version']})")
     print(f"architecture:  {d['architecture']}" + (f" ({d['name']})" if d["name"] else ""))
     print(f"parameters:    {d['params'] / 1e9:.3f}B in {d['tensors']} tensors, {d['bits_per_weight']:.2f} bits per weight")
@@ -118,4 +141,11 @@ def model(args) -> int:
         print("diffusion:     " + ", ".join(f"{k}={v}" for k, v in d["diffusion"].items()))
     else:
         print("diffusion:     none (autoregressive model)")
+    if "nonfinite_tensors" in d:
+        bad = d["nonfinite_tensors"]
+        if bad:
+            more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+            print(f"weights:       CORRUPT: NaN or Inf in {len(bad)} tensors: {', '.join(bad[:8])}{more}")
+            return 1
+        print("weights:       verified: every tensor finite")
     return 0
