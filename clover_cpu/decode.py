@@ -89,6 +89,9 @@ def commit_top_k(conf: np.ndarray, k: int) -> np.ndarray:
 # ---- options and results ----
 
 
+PREFILL_CHUNK = 2048  # prompt tokens per prefill forward
+
+
 @dataclass
 class Options:
     max_new_tokens: int = 256
@@ -202,7 +205,10 @@ def decode(model, prompt_ids, opts: Options, cache=None):
     n_full = (len(prompt) // B) * B
     carry = None  # logits of the last committed position (predicts the next token when shift)
     if n_full:
-        h = model.run(cache, prompt[:n_full], commit=True, block=block_mode, logits=False)
+        # in chunks (whole blocks) so a long prompt's activations stay small; the caches make it exact
+        step = max(B, PREFILL_CHUNK // B * B)
+        for s0 in range(0, n_full, step):
+            h = model.run(cache, prompt[s0 : min(s0 + step, n_full)], commit=True, block=block_mode, logits=False)
         carry = model.logits(h[-1:])[0]  # only the last position's logits are ever used
     stats.prefill_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()

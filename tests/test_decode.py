@@ -228,3 +228,15 @@ def test_autoregressive_file_decodes_through_the_same_loop(tmp_path):
     assert toks == list(m.greedy(prompt, 10, stop_at_eos=False))
     assert stats.forwards == 9  # the prefill gives the first token; then one forward per further token
     assert stats.tokens_per_forward == pytest.approx(10 / 9)
+
+
+@pytest.mark.parametrize("chunk", [4, 8, 12])
+def test_chunked_prefill_equals_one_forward(clover, monkeypatch, chunk):
+    """A long prompt is prefilled in chunks of whole blocks; the caches make that exact."""
+    import clover_cpu.decode as dec
+
+    prompt = list(np.random.default_rng(3).integers(5, 500, 29))
+    opts = Options(max_new_tokens=10, threshold=0.3, stop_at_eos=False)
+    whole, _ = collect(clover, prompt, opts)
+    monkeypatch.setattr(dec, "PREFILL_CHUNK", chunk)
+    assert collect(clover, prompt, opts)[0] == whole == reference_decode(clover, prompt, opts)

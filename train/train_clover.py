@@ -86,6 +86,10 @@ class Shape:
         """config.json of the exported checkpoint (model_type clover, flat keys)."""
         d = asdict(self)
         d.update(
+            # positions are RoPE only, so the file may allow Clover's full 128K context (long-context runs
+            # of the runtime use it); the model was trained on windows of at most 512 tokens and nothing
+            # is claimed about its output beyond them
+            max_position_embeddings=max(self.max_position_embeddings, SHIPPED_CONTEXT),
             model_type="clover",
             architectures=["CloverForDiffusionLM"],
             layer_types=self.layer_types,
@@ -106,6 +110,8 @@ class Shape:
         )
         return d
 
+
+SHIPPED_CONTEXT = 131072
 
 PRESETS = {
     # the shipped model: 8 layers (6 GDN + 2 attention), 8 experts top-2, 9.75M parameters, 5.0M active
