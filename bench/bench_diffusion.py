@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Diffusion decoding on a CPU: record the forwards a real Clover makes, replay them on a big model.
+
+1. record: the shipped small Clover decodes 20 held-out prompts (train/train_clover.py's eval_prompts)
+   at its defaults (threshold, block length from the file) and every forward is logged: how many
+   positions it computed, how many it committed, where the context stood.
+2. replay: the same forwards, in the same order, on the benchmark-shaped model (-m; a qwen35moe or
+   clover file; attention runs block-causal with the recorded block length either way, so the work is
+   what a Clover of that shape would do). Against it: the same runtime decoding the same number of
+   tokens one per forward (AR through the caches), and a cost curve: time of one forward of T
+   positions over a cached context, T = 1, 2, 4, 8, 16, 32.
+
+Reports committed tokens/s of both, tokens per forward, time per forward against positions computed,
+and distinct experts touched per forward (average over MoE layers). Prints a table and writes JSON.
+
+    python bench/bench_diffusion.py record --out bench/results/traces.json
+    python bench/bench_diffusion.py replay -m bench.gguf --traces bench/results/traces.json --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Recorder:
+    """Wraps Model.run and Model._moe: logs (positions, committed, context) per forward and the
+    distinct experts each MoE layer touched."""
+
+    def __init__(self, model):
+        self.model, self.calls, self._experts = model, [], []
+        run, moe = model.run, model._moe
+
+        def logged_run(cache, tokens, *, commit, block=None, logits=True):
+            self._experts = []
+            n0 = cache.n
+            t0 = time.perf_counter()
+            out = run(cache, tokens, commit=commit, block=block, logits=logits)
+            dt = time.perf_counter() - t0
+            T = len(tokens)
+            self.calls.append({"T": T, "commit": T if commit is True else int(commit), "n": n0, "seconds": dt,
+                               "experts": statistics.mean(self._experts) if self._experts else 0.0})
+            return out
+
+        def logged_moe(L, x):
+            out = moe(L, x)
+            self._experts.append(int(model.last_experts_used))
+            return out
+
+        model.run, model._moe = logged_run, logged_moe
+
+
+def load_eval_prompts(model, n: int):
+    spec = importlib.util.spec_from_file_location("train_clover", ROOT / "train" / "train_clover.py")
+    tc = importlib.util.module_from_spec(spec)
+    sys.modules["train_clover"] = tc  # (its dataclasses look their module up)
+    spec.loader.exec_module(tc)
+
+    class SP:  # the runtime's tokenizer in SentencePiece's clothes
+        encode = staticmethod(model.tokenize)
+        decode = staticmethod(model.detokenize)
+
+    return [p for p, _ in tc.eval_prompts(n, SP())]
+
+
+def record(args) -> int:
+    import clover_cpu
+
+    path = args.model or str(Path(clover_cpu.__file__).parent / "models" / "clover-small.gguf")
+    m = clover_cpu.load(path, threads=args.threads or None)
+    prompts = load_eval_prompts(m, args.prompts)
+    traces = []
+    for p in prompts:
+        rec = Recorder(m)
+        ids = m.tokenize(p)
+        out = m.generate_text(ids, max_new_tokens=args.new, threshold=args.threshold)
+        traces.append({"prompt_tokens": len(ids), "generated": out["generated_tokens"],
+                       "forwards": [{"T": c["T"], "commit": c["commit"], "n": c["n"]} for c in rec.calls]})
+        m.run, m._moe = type(m).run.__get__(m), type(m)._moe.__get__(m)
+    gen = sum(t["generated"] for t in traces)
+    fwd = sum(len(t["forwards"]) - (1 if t["prompt_tokens"] >= m.config.block_length else 0) for t in traces)
+    doc = {"model": path, "block_length": m.config.block_length,
+           "threshold": round(float(args.threshold or m.config.threshold), 4),
+           "new_tokens": args.new, "generated": gen, "decode_forwards": fwd, "traces": traces}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc))
+    print(f"{len(traces)} prompts, {gen} tokens in {fwd} decoding forwards: {gen / max(1, fwd):.2f} tokens per "
+          f"forward (block {doc['block_length']}, threshold {doc['threshold']}); traces in {args.out}")
+    return 0
+
+
+def replay(args) -> int:
+    import clover_cpu
+
+    doc = json.loads(args.traces.read_text())
+    B = doc["block_length"]
+    m = clover_cpu.load(args.model, threads=args.threads or None)
+    V = m.config.vocab_size
+    rng = np.random.default_rng(0)
+    traces = doc["traces"][: args.limit or None]
+    rec = Recorder(m)
+
+    def toks(k):
+        return rng.integers(0, V, k).tolist()
+
+    # warm-up (page in the weights)
+    c = m.new_cache()
+    m.run(c, toks(8), commit=True, block=B)
+    rec.calls.clear()
+    # diffusion: exactly the recorded forwards; the prompt prefill is timed apart
+    diff = {"seconds": 0.0, "forwards": 0, "generated": 0, "prefill_seconds": 0.0}
+    for t in traces:
+        c = m.new_cache()
+        for i, f in enumerate(t["forwards"]):
+            m.run(c, toks(f["T"]), commit=f["commit"], block=B, logits=True)
+            call = rec.calls[-1]
+            if i == 0 and t["prompt_tokens"] >= B and f["commit"] == f["T"]:
+                diff["prefill_seconds"] += call["seconds"]
+                call["prefill"] = True
+            else:
+                diff["seconds"] += call["seconds"]
+                diff["forwards"] += 1
+        diff["generated"] += t["generated"]
+    diff_calls = list(rec.calls)
+    rec.calls.clear()
+    # AR on the same runtime: prefill, then one committed token per forward, as many tokens
+    ar = {"seconds": 0.0, "forwards": 0, "generated": 0}
+    for t in traces:
+        c = m.new_cache()
+        m.run(c, toks(t["prompt_tokens"]), commit=True, logits=False)
+        for _ in range(t["generated"]):
+            h = m.run(c, toks(1), commit=True, logits=False)
+            m.logits(h)
+            ar["seconds"] += rec.calls[-1]["seconds"]
+            ar["forwards"] += 1
+        ar["generated"] += t["generated"]
+    rec.calls.clear()
+    # cost curve: one forward of T positions over a 64-token context, median of --reps
+    curve = []
+    for T in (1, 2, 4, 8, 16, 32):
+        ts, ex = [], []
+        for _ in range(args.reps):
+            c = m.new_cache()
+            m.run(c, toks(64), commit=True, block=B, logits=False)
+            m.run(c, toks(T), commit=False, block=B)
+            ts.append(rec.calls[-1]["seconds"])
+            ex.append(rec.calls[-1]["experts"])
+        curve.append({"T": T, "seconds": statistics.median(ts), "experts": statistics.mean(ex)})
+    by_T: dict[int, list] = {}
+    for call in diff_calls:
+        if call.get("prefill"):
+            continue
+        by_T.setdefault(call["T"], []).append(call)
+    res = {
+        "model": args.model, "traces": str(args.traces), "threads": clover_cpu.system_info()["threads"],
+        "diffusion": {**diff, "tokens_per_second": diff["generated"] / diff["seconds"],
+                      "tokens_per_forward": diff["generated"] / max(1, diff["forwards"])},
+        "ar": {**ar, "tokens_per_second": ar["generated"] / ar["seconds"]},
+        "forwards_by_positions": {T: {"count": len(v), "seconds": statistics.median(x["seconds"] for x in v),
+                                      "experts": statistics.mean(x["experts"] for x in v)} for T, v in sorted(by_T.items())},
+        "cost_curve": curve,
+    }
+    res["speedup_vs_ar"] = res["diffusion"]["tokens_per_second"] / res["ar"]["tokens_per_second"]
+    print(f"model {args.model}, {res['threads']} threads, {len(traces)} traces (block {B})")
+    print(f"{'decoding':<22} {'tokens':>7} {'forwards':>9} {'tok/fwd':>8} {'tok/s':>8} {'vs AR':>6}")
+    d, a = res["diffusion"], res["ar"]
+    print(f"{'diffusion (replayed)':<22} {d['generated']:>7} {d['forwards']:>9} {d['tokens_per_forward']:>8.2f} "
+          f"{d['tokens_per_second']:>8.2f} {res['speedup_vs_ar']:>5.2f}x")
+    print(f"{'AR, same runtime':<22} {a['generated']:>7} {a['forwards']:>9} {1.0:>8.2f} {a['tokens_per_second']:>8.2f} {1.0:>5.2f}x")
+    print(f"{'T':>4} {'ms/forward':>11} {'ms/position':>12} {'experts/layer':>14}   (cost curve, 64-token context)")
+    for r in curve:
+        print(f"{r['T']:>4} {1e3 * r['seconds']:>11.1f} {1e3 * r['seconds'] / r['T']:>12.2f} {r['experts']:>14.1f}")
+    print("replayed forwards by positions computed: " + ", ".join(
+        f"T={T}: {v['count']} x {1e3 * v['seconds']:.0f} ms, {v['experts']:.0f} experts" for T, v in res["forwards_by_positions"].items()))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record", help="decode held-out prompts with the small Clover and log its forwards")
+    r.add_argument("-m", "--model", help="a clover GGUF (default: the shipped model)")
+    r.add_argument("--prompts", type=int, default=20)
+    r.add_argument("--new", type=int, default=64, help="tokens per prompt (default 64)")
+    r.add_argument("--threads", type=int, default=0)
+    r.add_argument("--threshold", type=float, default=None, help="confidence threshold (default: the file's)")
+    r.add_argument("--out", type=Path, default=Path("bench/results/traces.json"))
+    p = sub.add_parser("replay", help="replay recorded forwards on another model, with AR and a cost curve")
+    p.add_argument("-m", "--model", required=True)
+    p.add_argument("--traces", type=Path, default=Path("bench/results/traces.json"))
+    p.add_argument("--limit", type=int, default=0, help="replay only the first N traces")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--json", type=Path, default=Path("bench/results/diffusion_replay.json"))
+    args = ap.parse_args()
+    return record(args) if args.cmd == "record" else replay(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
