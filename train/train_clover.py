@@ -913,7 +913,12 @@ def extend_plan(model, r: Recipe, tokens, seconds: float, lr: float, state: dict
             return  # an extension already planned and not finished: resume it
         raise SystemExit("this run was already extended once; use another --out to train further")
     if state["step"] < r.plan["diffusion"]:
-        raise SystemExit("--extend-minutes applies to a finished run; run without it to resume this one")
+        if state["elapsed"] < r.plan["budget_s"]:
+            raise SystemExit("--extend-minutes applies to a finished run; run without it to resume this one")
+        # the time guard ended the phase early (a slower machine than planned): extend from where it stopped
+        log(f"the diffusion phase stopped at step {state['step']} of {r.plan['diffusion']} (time budget); "
+            "extending from there")
+        r.plan = {**r.plan, "diffusion": state["step"]}
     t0 = time.perf_counter()
     probe = copy.deepcopy(model)
     opt = make_optimizer(probe, r)
