@@ -132,8 +132,14 @@ class Tokenizer:
 
     def decode(self, ids, skip_special: bool = True) -> str:
         ids = [int(i) for i in ids if not (skip_special and int(i) in self.special_ids)]
+        bad = [i for i in ids if not 0 <= i < len(self.tokens)]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {len(self.tokens)}")
         if self.sp is not None:
-            return self.sp.decode(ids)
+            # ids past the SentencePiece model's pieces are the padding rows that round the vocabulary up to
+            # the embedding's size: they have no text
+            n = self.sp.GetPieceSize()
+            return self.sp.decode([i for i in ids if i < n])
         self._tables()
         data = bytearray()
         for i in ids:

@@ -202,3 +202,22 @@ def test_file_removed_or_replaced_while_mapped(small, tmp_path):
     os.replace(q, p)
     np.testing.assert_array_equal(m.forward([4, 5, 6, 7]), before)
     m.close()
+
+
+def test_detokenize_padding_and_out_of_range_ids(tmp_path):
+    """Ids past the SentencePiece pieces (the rows that pad the vocabulary to the embedding) have no text;
+    ids outside the vocabulary are a clear error (the fuzzer found sentencepiece raising IndexError)."""
+    from clover_cpu.convert.hf import convert
+    from clover_cpu.convert.synthetic import write_random_checkpoint
+
+    write_random_checkpoint(tmp_path / "hf", model_type="clover", seed=3, overrides={"vocab_size": 1100})
+    convert(tmp_path / "hf", tmp_path / "p.gguf", out_type="q8_0", log=lambda s: None, progress=False)
+    m = clover_cpu.load(tmp_path / "p.gguf")
+    assert m.tokenizer.sp.GetPieceSize() < m.config.vocab_size == 1100
+    ids = m.tokenize("def f(x):")
+    assert m.detokenize(ids + [m.config.vocab_size - 1]) == m.detokenize(ids)
+    assert m.generate_text("def f(x):", max_new_tokens=4)["text"] is not None
+    for bad in (-1, m.config.vocab_size, 2**40):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            m.detokenize(ids + [bad])
+    m.close()
