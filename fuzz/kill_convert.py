@@ -36,9 +36,12 @@ def main() -> int:
     src = write_random_checkpoint(work / "hf", preset="small", model_type="clover", seed=4)
     cmd = [sys.executable, "-m", "clover_cpu", "convert", str(src), "--type", "q4_k_m", "--force", "--quiet",
            "--threads", "1", "-o"]
-    t0 = time.perf_counter()
-    subprocess.run([*cmd, str(work / "ref.gguf")], check=True, stdout=subprocess.DEVNULL)
-    full = time.perf_counter() - t0
+    times = []
+    for _ in range(3):  # the fastest of three: the delays must not overshoot a conversion on a quiet machine
+        t0 = time.perf_counter()
+        subprocess.run([*cmd, str(work / "ref.gguf")], check=True, stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - t0)
+    full = min(times)
     ref = (work / "ref.gguf").read_bytes()
     out = work / "out" / "m.gguf"
     out.parent.mkdir()
