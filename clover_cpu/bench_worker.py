@@ -43,7 +43,10 @@ class CloverEngine:
         self.cache = None
 
     def reset(self) -> None:
-        self.cache = self.m.new_cache()
+        if getattr(self, "cache", None) is None:
+            self.cache = self.m.new_cache()
+        else:
+            self.cache.clear()  # as llama.cpp keeps its KV buffer: no fresh pages to fault in
 
     def eval(self, ids: list[int]):
         h = self.m.run(self.cache, ids, commit=True, logits=False)[-1:]

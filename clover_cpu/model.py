@@ -103,6 +103,15 @@ class Cache:
             self.ssm[layer] = aligned_zeros((c.n_v_heads, c.k_head_dim, c.v_head_dim))
         return self.conv[layer], self.ssm[layer]
 
+    def clear(self) -> None:
+        """Back to an empty context, keeping the memory: KV rows are simply no longer committed and GDN
+        states are zeroed in place. A fresh Cache costs page faults on its first writes (about 0.17 s on
+        the 35B shape's 60 MB of GDN state on this VM); a cleared one does not."""
+        self.n = 0
+        self.tokens = []
+        for a in (*self.ssm.values(), *self.conv.values()):
+            a[...] = 0
+
     def snapshot(self) -> "Cache":
         """A copy that later `restore` can return to (for a chat that continues)."""
         return self._copy()

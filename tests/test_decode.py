@@ -240,3 +240,14 @@ def test_chunked_prefill_equals_one_forward(clover, monkeypatch, chunk):
     whole, _ = collect(clover, prompt, opts)
     monkeypatch.setattr(dec, "PREFILL_CHUNK", chunk)
     assert collect(clover, prompt, opts)[0] == whole == reference_decode(clover, prompt, opts)
+
+
+def test_cleared_cache_equals_a_fresh_one(clover):
+    """Cache.clear keeps the memory but not the context: the next run equals one on a new cache."""
+    c = clover.new_cache()
+    clover.run(c, list(range(30, 42)), commit=True, block=4)
+    c.clear()
+    assert c.n == 0 and c.tokens == []
+    got = clover.run(c, [7, 8, 9, 10, 11, 12, 13, 14], commit=True, block=4)
+    want = clover.run(clover.new_cache(), [7, 8, 9, 10, 11, 12, 13, 14], commit=True, block=4)
+    np.testing.assert_array_equal(got, want)
