@@ -85,7 +85,7 @@ def record(args) -> int:
         out = m.generate_text(ids, max_new_tokens=args.new, threshold=args.threshold)
         traces.append({"prompt_tokens": len(ids), "generated": out["generated_tokens"],
                        "forwards": [{"T": c["T"], "commit": c["commit"], "n": c["n"]} for c in rec.calls]})
-        m.run, m._moe = type(m).run.__get__(m), type(m)._moe.__get__(m)
+        del m.run, m._moe  # the class methods again
     gen = sum(t["generated"] for t in traces)
     fwd = sum(len(t["forwards"]) - (1 if t["prompt_tokens"] >= m.config.block_length else 0) for t in traces)
     doc = {"model": path, "block_length": m.config.block_length,

@@ -19,7 +19,6 @@ import json
 import resource
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -28,25 +27,9 @@ CLOVER_35B = {"attention_layers": 10, "kv_heads": 2, "head_dim": 256, "gdn_layer
 KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
 
 
-def stdlib_text(min_chars: int) -> str:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    parts, n = [], 0
-    for f in sorted(root.rglob("*.py")):
-        if "site-packages" in f.parts:
-            continue
-        try:
-            t = f.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        parts.append(t)
-        n += len(t)
-        if n >= min_chars:
-            break
-    return "".join(parts)
-
-
 def one(path: str, n: int, new: int, threads: int) -> dict:
     import clover_cpu
+    from clover_cpu.convert.synthetic import stdlib_text
 
     m = clover_cpu.load(path, threads=threads or None, ctx_len=n + new + 64)
     ids = m.tokenize(stdlib_text(n * 6))[:n]
