@@ -27,11 +27,11 @@ CLOVER_35B = {"attention_layers": 10, "kv_heads": 2, "head_dim": 256, "gdn_layer
 KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
 
 
-def one(path: str, n: int, new: int, threads: int) -> dict:
+def one(path: str, n: int, new: int, threads: int, kv_type: str) -> dict:
     import clover_cpu
     from clover_cpu.convert.synthetic import stdlib_text
 
-    m = clover_cpu.load(path, threads=threads or None, ctx_len=n + new + 64)
+    m = clover_cpu.load(path, threads=threads or None, ctx_len=n + new + 64, kv_type=kv_type)
     ids = m.tokenize(stdlib_text(n * 6))[:n]
     if len(ids) < n:
         raise SystemExit(f"the standard library gave only {len(ids)} tokens")
@@ -47,7 +47,20 @@ def one(path: str, n: int, new: int, threads: int) -> dict:
             "decode_tokens_per_second": stats.tokens_per_second, "tokens_per_forward": stats.tokens_per_forward,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "kv_cache_bytes": kv, "kv_used_bytes": kv_used, "kv_bytes_per_token": kv_used / cache.n,
-            "gdn_state_bytes": gdn, "kv_type": "f16"}
+            "gdn_state_bytes": gdn, "kv_type": kv_type}
+
+
+def measured_kv(path: str, kv_type: str, n: int = 64) -> dict:
+    """KV bytes per token held by the runtime's cache after an n-token prefill of a model file (the bench
+    twin has the Clover-35B attention shape): the cache arrays themselves, not arithmetic."""
+    import clover_cpu
+
+    m = clover_cpu.load(path, ctx_len=n, kv_type=kv_type)
+    cache = m.new_cache()
+    m.run(cache, list(range(1, n + 1)), commit=True, logits=False)
+    used = sum(a[: cache.n].nbytes for a in (*cache.k.values(), *cache.v.values()))
+    return {"model": path, "kv_type": kv_type, "attention_layers": len(cache.k), "kv_bytes_per_token": used / cache.n,
+            "kv_bytes_at_128k": used / cache.n * 131072}
 
 
 def clover_35b_kv() -> dict:
@@ -65,6 +78,8 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=32, help="tokens to decode after each prompt (default 32)")
     ap.add_argument("--threads", type=int, default=0, help="kernel threads (default: one per core)")
     ap.add_argument("--json", type=Path, default=Path("bench/results/long_context.json"))
+    ap.add_argument("--kv-type", default="f16", choices=["f16", "q8_0", "f32"], help="attention cache type")
+    ap.add_argument("--shape-model", help="also measure KV bytes per token on this file (e.g. the bench twin)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a worker: one length, JSON on stdout
     args = ap.parse_args()
     if args.model is None:
@@ -72,19 +87,19 @@ def main() -> int:
 
         args.model = str(Path(clover_cpu.__file__).parent / "models" / "clover-small.gguf")
     if args.one:
-        print(json.dumps(one(args.model, args.one, args.new, args.threads)))
+        print(json.dumps(one(args.model, args.one, args.new, args.threads, args.kv_type)))
         return 0
     rows = []
     for n in (int(x) for x in args.lengths.split(",")):
         t0 = time.time()
         r = subprocess.run([sys.executable, __file__, "-m", args.model, "--one", str(n), "--new", str(args.new),
-                            "--threads", str(args.threads)], capture_output=True, text=True)
+                            "--threads", str(args.threads), "--kv-type", args.kv_type], capture_output=True, text=True)
         if r.returncode:
             print(f"{n}: failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
             continue
         rows.append(json.loads(r.stdout))
         print(f"  {n} tokens done in {time.time() - t0:.0f} s", file=sys.stderr)
-    print(f"model: {args.model}")
+    print(f"model: {args.model}, KV cache {args.kv_type}")
     print(f"{'prompt':>8} {'prefill t/s':>12} {'prefill s':>10} {'decode t/s':>11} {'tok/fwd':>8} "
           f"{'peak RSS':>9} {'KV alloc':>9} {'KV B/tok':>9}")
     for r in rows:
@@ -95,8 +110,15 @@ def main() -> int:
     print("Clover-35B-A3B shape, attention KV: " + ", ".join(
         f"{t} {b / 1024:.1f} KiB/token = {kv['kv_bytes_at_128k'][t] / 2**30:.2f} GiB at 128K"
         for t, b in kv["kv_bytes_per_token"].items()) + f"; GDN state {kv['gdn_state_bytes'] / 2**20:.0f} MiB (any length)")
+    shape = None
+    if args.shape_model:
+        shape = measured_kv(args.shape_model, args.kv_type)
+        print(f"measured on {args.shape_model} ({shape['attention_layers']} attention layers), {args.kv_type}: "
+              f"{shape['kv_bytes_per_token']:.0f} B/token = {shape['kv_bytes_at_128k'] / 1e9:.2f} GB "
+              f"({shape['kv_bytes_at_128k'] / 2**30:.2f} GiB) at 131072 tokens")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"model": args.model, "rows": rows, "clover_35b": kv}, indent=1))
+    args.json.write_text(json.dumps({"model": args.model, "kv_type": args.kv_type, "rows": rows, "clover_35b": kv,
+                                     "measured_shape": shape}, indent=1))
     return 0
 
 

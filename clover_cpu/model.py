@@ -68,10 +68,12 @@ def aligned_zeros(shape, align: int = 64) -> np.ndarray:
 
 @dataclass
 class Cache:
-    """Per sequence: attention keys/values (F16) per attention layer, GDN recurrent state and conv state
-    (F32) per GDN layer. `n` tokens are committed; positions are 0..n-1."""
+    """Per sequence: attention keys/values (F16 by default, F32 or Q8_0 blocks) per attention layer, GDN
+    recurrent state and conv state (F32) per GDN layer. `n` tokens are committed; positions are 0..n-1."""
 
-    k: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> [capacity, n_head_kv, head_dim]
+    # layer -> [capacity, n_head_kv, head_dim] (f16/f32), or uint8 [capacity, n_head_kv, head_dim/32*34]
+    # (Q8_0: ggml's block_q8_0, an fp16 scale then 32 int8 per 32 values)
+    k: dict[int, np.ndarray] = field(default_factory=dict)
     v: dict[int, np.ndarray] = field(default_factory=dict)
     ssm: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> [Hv, dk, dv]
     conv: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> [K-1, conv_dim]
@@ -79,8 +81,9 @@ class Cache:
     capacity_limit: int = 0
     tokens: list = field(default_factory=list)  # the committed token ids (positions 0..n-1)
 
-    def reserve(self, layer: int, n_total: int, n_head_kv: int, head_dim: int, dtype) -> None:
-        """Grow the KV arrays of a layer to hold n_total rows (doubling: allocated lazily up to the context)."""
+    def reserve(self, layer: int, n_total: int, row_shape: tuple[int, int], dtype) -> None:
+        """Grow the KV arrays of a layer to hold n_total rows of row_shape (doubling: allocated lazily up to
+        the context)."""
         if n_total > self.capacity_limit:
             raise ValueError(f"context full: {n_total} tokens exceed the context length {self.capacity_limit}")
         cur = self.k.get(layer)
@@ -91,7 +94,7 @@ class Cache:
             cap *= 2
         cap = min(cap, self.capacity_limit)
         for store in (self.k, self.v):
-            new = np.zeros((cap, n_head_kv, head_dim), dtype)
+            new = np.zeros((cap, *row_shape), dtype)
             if layer in store:
                 new[: self.n] = store[layer][: self.n]
             store[layer] = new
@@ -133,7 +136,7 @@ class Cache:
 
 # ---- the model ----
 
-KV_TYPES = {"f16": np.float16, "f32": np.float32}  # attention cache element types
+KV_TYPES = {"f16": np.float16, "f32": np.float32, "q8_0": np.uint8}  # attention cache element types
 
 
 class Model:
@@ -148,10 +151,15 @@ class Model:
             set_num_threads(threads)
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}")
-        self.kv_dtype = KV_TYPES[kv_type]
+        self.kv_type, self.kv_dtype = kv_type, KV_TYPES[kv_type]
         self.file = GGUFFile(path)
         try:
             self.config = Config.from_gguf(self.file)
+            D = self.config.head_dim
+            if kv_type == "q8_0" and D % 32:
+                raise ValueError(f"kv_type q8_0 needs a head dim that is a multiple of 32; this model's is {D}: "
+                                 "use f16")
+            self.kv_row = (self.config.n_head_kv, D // 32 * 34 if kv_type == "q8_0" else D)
             if ctx_len is not None and ctx_len < 1:
                 raise ValueError("ctx_len must be >= 1")
             self.ctx_len = min(ctx_len or self.config.context_length, self.config.context_length)
@@ -253,7 +261,10 @@ class Model:
         # the span's keys/values go in rows n..n+T-1; only cache.n (advanced by `commit`) makes them part
         # of the committed context, so a speculative run leaves nothing behind that a later run could read
         n0 = cache.n
-        cache.reserve(i, n0 + T, c.n_head_kv, D, self.kv_dtype)
+        cache.reserve(i, n0 + T, self.kv_row, self.kv_dtype)
+        if self.kv_type == "q8_0":
+            k = kernels.quantize(k.reshape(T * c.n_head_kv, D), "q8_0").reshape(T, *self.kv_row)
+            v = kernels.quantize(np.ascontiguousarray(v).reshape(T * c.n_head_kv, D), "q8_0").reshape(T, *self.kv_row)
         cache.k[i][n0 : n0 + T] = k
         cache.v[i][n0 : n0 + T] = v
         o = ops.attention(q, cache.k[i], cache.v[i], pos, n0 + T, mask="causal" if block is None else "block_causal",
@@ -408,5 +419,6 @@ class Model:
 
 def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16") -> Model:
     """Open a clover or qwen35moe GGUF file; weights stay memory-mapped in place. kv_type: the attention
-    cache's element type, "f16" (default) or "f32"."""
+    cache's element type: "f16" (default), "f32", or "q8_0" (ggml's Q8_0 blocks, 1.06 bytes per value: about
+    half the memory of f16 at a long context; needs a head dim that is a multiple of 32)."""
     return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type)

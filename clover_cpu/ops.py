@@ -74,8 +74,9 @@ def attention(
     q_pos int32 [T] (>= 0) are the queries' positions. mask "causal": a query at p sees rows s <= p;
     "block_causal": rows with s // block_length <= p // block_length (earlier blocks and its whole own
     block). Rows >= n_kv are never read; a query that sees no row gets zeros. Softmax in float32 with
-    max subtraction; scale defaults to 1/sqrt(D). The caches are float32, or float16 (np.float16, or
-    uint16 holding float16 bits), k and v of the same dtype. gate [T, Hq, D] (optional): the output is
+    max subtraction; scale defaults to 1/sqrt(D). The caches are float32, float16 (np.float16, or
+    uint16 holding float16 bits), or uint8 [S, Hkv, D/32*34] holding ggml Q8_0 blocks (D a multiple of
+    32; `kernels.quantize(rows, "q8_0")` writes them), k and v of the same dtype. gate [T, Hq, D] (optional): the output is
     multiplied by sigmoid(gate) (the gated attention's output gate). Returns o [T, Hq, D].
     """
     return _core.attention(

@@ -140,19 +140,32 @@ py::array_t<float> py_attention(const py::array& q, const py::array& k_cache, co
                                 const std::optional<std::string>& isa) {
     const ModelKernels& kr = kernels_arg(isa);
     check_f32(q, "q", 3);
-    const bool f16 = !k_cache.dtype().is(py::dtype::of<float>());
-    if (f16 && !k_cache.dtype().is(py::dtype("float16")) && !k_cache.dtype().is(py::dtype::of<uint16_t>()))
-        fail("k_cache must have dtype float32, float16 or uint16 (float16 bits), got " +
-             std::string(py::str(k_cache.dtype())));
     const py::dtype kv_dt = k_cache.dtype();
-    check(k_cache, "k_cache", 3, kv_dt, "float32/float16/uint16");
+    KvType kv;
+    if (kv_dt.is(py::dtype::of<float>()))
+        kv = KvType::F32;
+    else if (kv_dt.is(py::dtype("float16")) || kv_dt.is(py::dtype::of<uint16_t>()))
+        kv = KvType::F16;
+    else if (kv_dt.is(py::dtype::of<uint8_t>()))
+        kv = KvType::Q8_0;
+    else
+        fail("k_cache must have dtype float32, float16, uint16 (float16 bits) or uint8 (Q8_0 blocks), got " +
+             std::string(py::str(kv_dt)));
+    check(k_cache, "k_cache", 3, kv_dt, "float32/float16/uint16/uint8");
     check(v_cache, "v_cache", 3, kv_dt, ("the dtype of k_cache (" + std::string(py::str(kv_dt)) + ")").c_str());
     same_shape(k_cache, v_cache, "k_cache", "v_cache");
     check_i32(q_pos, "q_pos", 1);
     const int64_t T = q.shape(0), Hq = q.shape(1), D = q.shape(2);
     const int64_t S = k_cache.shape(0), Hkv = k_cache.shape(1);
-    if (k_cache.shape(2) != D) fail("k_cache head dim " + std::to_string(k_cache.shape(2)) + " != q head dim " +
-                                    std::to_string(D));
+    if (kv == KvType::Q8_0) {
+        if (D % KV_Q8_BLOCK)
+            fail("a Q8_0 KV cache needs a head dim that is a multiple of 32, got " + std::to_string(D));
+        if (k_cache.shape(2) != kv_head_bytes(kv, D))
+            fail("a Q8_0 k_cache for head dim " + std::to_string(D) + " has " + std::to_string(kv_head_bytes(kv, D)) +
+                 " bytes per head (D / 32 blocks of 34), got " + std::to_string(k_cache.shape(2)));
+    } else if (k_cache.shape(2) != D) {
+        fail("k_cache head dim " + std::to_string(k_cache.shape(2)) + " != q head dim " + std::to_string(D));
+    }
     if (Hkv < 1 || Hq % Hkv) fail("the query heads (" + std::to_string(Hq) + ") must be a multiple of the kv heads (" +
                                   std::to_string(Hkv) + ")");
     want_shape(q_pos, "q_pos", {T});
@@ -182,7 +195,7 @@ py::array_t<float> py_attention(const py::array& q, const py::array& k_cache, co
     float* O = o.mutable_data();
     if (T > 0 && Hq > 0 && D > 0) {
         py::gil_scoped_release nogil;
-        attention(kr, Q, K, V, f16, P, G, T, Hq, Hkv, D, n_kv, mk, block_length, sc, O);
+        attention(kr, Q, K, V, kv, P, G, T, Hq, Hkv, D, n_kv, mk, block_length, sc, O);
     }
     return o;
 }

@@ -64,12 +64,19 @@ void conv1d_silu_ref(const float* x, const float* w, const float* state, int64_t
 }
 
 // Two passes per query row: scores, then exact max-subtracted softmax and the weighted sum.
-template <bool F16>
+template <KvType KV>
 void attention_ref(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_t t0, int64_t t1) {
     const int64_t D = a.D, kv_stride = a.n_head_kv * D;
-    auto load = [&](const void* base, int64_t s, int64_t d) {
+    const int64_t head_bytes = kv_head_bytes(KV, D);
+    auto load = [&](const void* base, int64_t s, int64_t d) -> float {
         const int64_t i = s * kv_stride + g * D + d;
-        return F16 ? fp16_to_f32(((const uint16_t*)base)[i]) : ((const float*)base)[i];
+        if (KV == KvType::F32) return ((const float*)base)[i];
+        if (KV == KvType::F16) return fp16_to_f32(((const uint16_t*)base)[i]);
+        const uint8_t* blk = (const uint8_t*)base + (s * a.n_head_kv + g) * head_bytes +
+                             d / KV_Q8_BLOCK * KV_Q8_BLOCK_BYTES;
+        uint16_t dh;
+        std::memcpy(&dh, blk, 2);
+        return fp16_to_f32(dh) * (float)(int8_t)blk[2 + d % KV_Q8_BLOCK];
     };
     std::vector<float> p;
     for (int64_t t = t0; t < t1; t++)
@@ -154,8 +161,9 @@ const ModelKernels REF = {
     swiglu_ref,
     sigmoid_mul_ref,
     conv1d_silu_ref,
-    attention_ref<false>,
-    attention_ref<true>,
+    attention_ref<KvType::F32>,
+    attention_ref<KvType::F16>,
+    attention_ref<KvType::Q8_0>,
     gdn_recurrent_ref,
     matmul_ref,
     GDN_CHUNKED_FROM_REF,
@@ -180,18 +188,29 @@ constexpr int64_t GRAIN_FLOATS = 1 << 14;  // elementwise work per task
 #if !defined(CLOVER_HAVE_AVX2)
 const ModelKernels* model_kernels_avx2() { return nullptr; }
 #endif
+#if !defined(CLOVER_HAVE_NEON)
+const ModelKernels* model_kernels_neon() { return nullptr; }
+#endif
 
 const ModelKernels& model_kernels_ref() { return REF; }
 
+namespace {
+const ModelKernels* simd_table(const std::string& isa) {
+    if (isa == "avx2") return model_kernels_avx2();
+    if (isa == "neon") return model_kernels_neon();
+    return nullptr;
+}
+}  // namespace
+
 const ModelKernels& model_kernels_for(const std::string& isa) {
     kernels_for(isa);  // throws std::invalid_argument when the ISA is not available
-    if (isa == "avx2" && model_kernels_avx2()) return *model_kernels_avx2();
-    return REF;
+    const ModelKernels* t = simd_table(isa);
+    return t ? *t : REF;
 }
 
 const ModelKernels& active_model_kernels() {
-    const ModelKernels* avx2 = model_kernels_avx2();
-    return avx2 && std::strcmp(active_kernels().isa, "avx2") == 0 ? *avx2 : REF;
+    const ModelKernels* t = simd_table(active_kernels().isa);
+    return t ? *t : REF;
 }
 
 // ---- drivers ----
@@ -235,7 +254,7 @@ void rope_neox(float* x, const int32_t* pos, int64_t T, int64_t H, int64_t D, in
     });
 }
 
-void attention(const ModelKernels& kr, const float* q, const void* k, const void* v, bool kv_f16,
+void attention(const ModelKernels& kr, const float* q, const void* k, const void* v, KvType kv,
                const int32_t* q_pos, const float* gate, int64_t T, int64_t n_head, int64_t n_head_kv, int64_t D,
                int64_t n_kv, AttnMask mask, int64_t block_length, float scale, float* o) {
     std::vector<int32_t> limit(T);
@@ -245,7 +264,9 @@ void attention(const ModelKernels& kr, const float* q, const void* k, const void
         limit[t] = (int32_t)std::min(end, n_kv);
     }
     const AttnArgs a{q, k, v, limit.data(), gate, o, n_head, n_head_kv, D, scale};
-    const attention_fn fn = kv_f16 ? kr.attention_f16 : kr.attention_f32;
+    const attention_fn fn = kv == KvType::F16    ? kr.attention_f16
+                            : kv == KvType::Q8_0 ? kr.attention_q8_0
+                                                 : kr.attention_f32;
 
     // A task is (kv head, a divisor of its query heads, a token chunk): the cache is read once per
     // task for all its query rows. Token chunks shrink towards ~4 tasks per thread; heads are split

@@ -2,7 +2,7 @@
 // attention over an F16/F32 KV cache, causal depthwise conv, the gated delta rule (recurrent and
 // chunked WY forms), router top-k, SwiGLU and the GDN gates. Sources: /work/shared/reference/
 // qwen35moe-forward.md sections 3-6. Per-ISA row kernels sit in a table (model_ops.cpp: scalar,
-// model_ops_avx2.cpp: AVX2); the drivers below own threading, masks and chunking.
+// model_ops_avx2.cpp: AVX2, model_ops_neon.cpp: NEON); the drivers below own threading, masks and chunking.
 // All arrays are float32, C-contiguous and token-major ([T, ...]).
 #pragma once
 
@@ -12,10 +12,20 @@
 
 namespace clover {
 
+// Element type of the attention KV cache. Q8_0: each kv head's D values are D/32 blocks of ggml's
+// block_q8_0 (fp16 scale d, then 32 int8 q; value = d * q), 34 bytes per 32 values, so a cache row
+// [n_head_kv, D] takes n_head_kv * D / 32 * 34 bytes. D must be a multiple of 32.
+enum class KvType { F32, F16, Q8_0 };
+constexpr int64_t KV_Q8_BLOCK = 32, KV_Q8_BLOCK_BYTES = 34;
+// Bytes of one kv head's D values in a cache of type t.
+inline int64_t kv_head_bytes(KvType t, int64_t D) {
+    return t == KvType::F32 ? 4 * D : t == KvType::F16 ? 2 * D : D / KV_Q8_BLOCK * KV_Q8_BLOCK_BYTES;
+}
+
 // One attention job: queries of heads [h0, h1) x tokens [t0, t1), all served by kv head g.
 struct AttnArgs {
     const float* q;        // [T, n_head, D]
-    const void* k;         // [S, n_head_kv, D] fp32 or fp16 bits
+    const void* k;         // [S, n_head_kv, D] fp32, fp16 bits or Q8_0 blocks (KvType)
     const void* v;         // [S, n_head_kv, D]
     const int32_t* limit;  // [T]: token t attends to cache rows [0, limit[t])
     const float* gate;     // [T, n_head, D] or null: o *= sigmoid(gate)
@@ -54,6 +64,7 @@ struct ModelKernels {
                         int64_t c0, int64_t c1, float* y);
     attention_fn attention_f32;
     attention_fn attention_f16;
+    attention_fn attention_q8_0;
     void (*gdn_recurrent)(const GdnHeadArgs& a);
     // C[m, n] = beta * C + alpha * A[m, k] @ B[k, n], row-major with leading dimensions; beta = 0 ignores C.
     void (*matmul)(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
@@ -70,7 +81,8 @@ inline float* aligned_floats(std::vector<float>& buf, size_t n) {
 
 const ModelKernels& model_kernels_ref();
 const ModelKernels* model_kernels_avx2();  // null in builds without the AVX2 file
-// The table for an ISA name ("ref", "avx2"; "neon" runs the scalar table); throws std::invalid_argument
+const ModelKernels* model_kernels_neon();  // null in builds without the NEON file
+// The table for an ISA name ("ref", "avx2", "neon"); throws std::invalid_argument
 // when the ISA is not available. The active table follows dispatch.h's active ISA.
 const ModelKernels& model_kernels_for(const std::string& isa);
 const ModelKernels& active_model_kernels();
@@ -88,8 +100,8 @@ void rope_neox(float* x, const int32_t* pos, int64_t T, int64_t H, int64_t D, in
 enum class AttnMask { Causal, BlockCausal };
 // o[T, Hq, D] = softmax(scale * q k^T) v over the rows each query may see (the cache row index is the
 // absolute position): causal s <= p, block-causal s / B <= p / B; always s < n_kv. A query that sees
-// no row gets zeros. gate (or null): o *= sigmoid(gate). kv_f16: the caches hold fp16 bits.
-void attention(const ModelKernels& kr, const float* q, const void* k, const void* v, bool kv_f16,
+// no row gets zeros. gate (or null): o *= sigmoid(gate). kv: the caches' element type.
+void attention(const ModelKernels& kr, const float* q, const void* k, const void* v, KvType kv,
                const int32_t* q_pos, const float* gate, int64_t T, int64_t n_head, int64_t n_head_kv, int64_t D,
                int64_t n_kv, AttnMask mask, int64_t block_length, float scale, float* o);
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "formats.h"
@@ -311,13 +312,33 @@ struct AttnTile {
     }
 };
 
-template <bool F16>
+// Q8_0 cache rows to fp32: n rows of D values (D / 32 blocks of 34 bytes each, rows `stride` bytes
+// apart), prefetching the same rows `ahead` bytes further on when asked.
+void q8_0_rows_to_f32(const uint8_t* src, int64_t stride, int64_t n, int64_t D, float* dst, int64_t ahead) {
+    for (int64_t j = 0; j < n; j++, src += stride, dst += D) {
+        for (int64_t b = 0; b < D / KV_Q8_BLOCK; b++) {
+            const uint8_t* blk = src + b * KV_Q8_BLOCK_BYTES;
+            if (ahead && b % 2 == 0) _mm_prefetch((const char*)(blk + ahead), _MM_HINT_T0);
+            uint16_t dh;
+            std::memcpy(&dh, blk, 2);
+            const __m256 sc = _mm256_set1_ps(_cvtsh_ss(dh));
+            for (int u = 0; u < 4; u++) {
+                const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 2 + 8 * u)));
+                _mm256_storeu_ps(dst + b * KV_Q8_BLOCK + 8 * u, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(q)));
+            }
+        }
+    }
+}
+
+template <KvType KV>
 void attention_avx2(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_t t0, int64_t t1) {
+    constexpr bool F16 = KV == KvType::F16, CONVERT = KV != KvType::F32;
     const int64_t D = a.D, nh = h1 - h0, nr = nh * (t1 - t0), kv_stride = a.n_head_kv * D;
     thread_local std::vector<float> buf;
-    // K then V tile, [KEY_TILE, D] each (F16 only); then acc [nr, D], m, l [nr], scores [MAX_GROUP, KEY_TILE]
-    float* tiles = aligned_floats(buf, (F16 ? 2 * KEY_TILE * D : 0) + nr * D + 2 * nr + MAX_GROUP * KEY_TILE);
-    float* acc = tiles + (F16 ? 2 * KEY_TILE * D : 0);
+    // K then V tile, [KEY_TILE, D] each (converted caches only); then acc [nr, D], m, l [nr], scores
+    // [MAX_GROUP, KEY_TILE]
+    float* tiles = aligned_floats(buf, (CONVERT ? 2 * KEY_TILE * D : 0) + nr * D + 2 * nr + MAX_GROUP * KEY_TILE);
+    float* acc = tiles + (CONVERT ? 2 * KEY_TILE * D : 0);
     AttnTile tile{a, nh, h0, t0, acc, acc + nr * D, acc + nr * D + nr, acc + nr * D + 2 * nr};
     std::fill(acc, acc + nr * D, 0.f);
     std::fill(tile.m, tile.m + nr, -INFINITY);
@@ -351,6 +372,14 @@ void attention_avx2(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_
                     vt[d] = _cvtsh_ss(vr[d]);
                 }
             }
+            K = tiles;
+            V = tiles + KEY_TILE * D;
+            ld = D;
+        } else if (KV == KvType::Q8_0) {
+            const int64_t hb = kv_head_bytes(KV, D), row = a.n_head_kv * hb;
+            const int64_t ahead = s0 + KEY_TILE < L_max ? KEY_TILE * row : 0;  // the same rows of the next tile
+            q8_0_rows_to_f32((const uint8_t*)a.k + s0 * row + g * hb, row, ns, D, tiles, ahead);
+            q8_0_rows_to_f32((const uint8_t*)a.v + s0 * row + g * hb, row, ns, D, tiles + KEY_TILE * D, ahead);
             K = tiles;
             V = tiles + KEY_TILE * D;
             ld = D;
@@ -532,8 +561,9 @@ const ModelKernels AVX2 = {
     swiglu_avx2,
     sigmoid_mul_avx2,
     conv1d_silu_avx2,
-    attention_avx2<false>,
-    attention_avx2<true>,
+    attention_avx2<KvType::F32>,
+    attention_avx2<KvType::F16>,
+    attention_avx2<KvType::Q8_0>,
     gdn_recurrent_avx2,
     matmul_avx2,
     // Clover heads, one thread: recurrent 2x faster at T=1, equal at T=8-32, ~10% faster at T=128-512

@@ -34,6 +34,9 @@ CONFIGS = {
 }
 
 
+TOL_KV_Q8 = 1e-2  # logits with a Q8_0 KV cache against transformers (F32 weights), of the largest logit
+
+
 def build(tmp_path, name, seed=0, model_type=None):
     """A random transformers model saved in the HF layout plus our tokenizer, and its GGUF (f32)."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
@@ -88,6 +91,13 @@ def test_forward_matches_transformers(models, name):
     assert m.config.arch == "qwen35moe"
     # the default F16 KV cache rounds keys and values to 11 bits
     check_close(clover_cpu.load(d / "f32.gguf").forward(ids), want, 2e-3, f"{name} f32 weights, f16 kv")
+    if m.config.head_dim % 32 == 0:
+        # a Q8_0 KV cache: keys and values rounded to 8 bits per 32-value block
+        check_close(clover_cpu.load(d / "f32.gguf", kv_type="q8_0").forward(ids), want, TOL_KV_Q8,
+                    f"{name} f32 weights, q8_0 kv")
+    else:
+        with pytest.raises(ValueError, match="multiple of 32"):
+            clover_cpu.load(d / "f32.gguf", kv_type="q8_0")
     q = clover_cpu.load(d / "q8_0.gguf")
     got = q.forward(ids)
     # 8-bit weights and activations: small relative error overall (a routing flip may move one row more)
@@ -96,9 +106,10 @@ def test_forward_matches_transformers(models, name):
     assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.9
 
 
-def test_speculative_then_commit_equals_one_run(models):
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_speculative_then_commit_equals_one_run(models, kv_type):
     hf, d = models["base"]
-    m = clover_cpu.load(d / "f32.gguf")
+    m = clover_cpu.load(d / "f32.gguf", kv_type=kv_type)
     ids = np.random.default_rng(2).integers(0, 512, 30)
     full = m.forward(ids)
     cache = m.new_cache()

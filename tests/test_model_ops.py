@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import clover_cpu
-from clover_cpu import _core, ops
+from clover_cpu import _core, kernels, ops
 
 from conftest import check_close
 
@@ -225,6 +225,57 @@ def test_attention(case, kv, rng):
         check_close(got, want, TOL_ATTN, f"attention {isa} {kv} {case}")
         got = ops.attention(q, k, v, pos, n_kv, mask=mask, block_length=block, gate=gate, isa=isa)
         check_close(got, want_gated, TOL_ATTN, f"gated attention {isa} {kv} {case}")
+
+
+# A Q8_0 cache holds each value as d * q with q in [-127, 127] and d = max|x| / 127 over 32 values:
+# an error of at most d/2 per value, about 0.4% of the block's largest value.
+TOL_ATTN_Q8 = 2e-2  # against attention over the unquantized float32 cache
+Q8_CASES = [
+    (1, 2, 1, 32, 16, 16, 15, "causal", 1),
+    (6, 8, 2, 64, 80, 70, 64, "block_causal", 8),
+    (3, 16, 2, 256, 100, 100, 93, "causal", 1),  # the Clover head dim, 8 query heads per kv head
+    (5, 3, 3, 96, 64, 40, 2, "block_causal", 32),
+]
+
+
+def q8_cache(x):
+    """[S, Hkv, D] float32 -> uint8 [S, Hkv, D/32*34] Q8_0 cache rows (and their dequantized values)."""
+    S, H, D = x.shape
+    blocks = kernels.quantize(x.reshape(S * H, D), "q8_0")
+    return blocks.reshape(S, H, -1), kernels.dequantize(blocks, "q8_0").reshape(S, H, D)
+
+
+@pytest.mark.parametrize("case", Q8_CASES)
+def test_attention_q8_0(case, rng):
+    T, Hq, Hkv, D, S, n_kv, p0, mask, block = case
+    q = f32(rng, T, Hq, D)
+    k, v = f32(rng, S, Hkv, D), f32(rng, S, Hkv, D)
+    k[3, 0, :32] = 0.0  # an all-zero block (scale 0)
+    v[1, -1, -32:] = 1e4  # a large one
+    gate = f32(rng, T, Hq, D, scale=2.0)
+    kq, kd = q8_cache(k)
+    vq, vd = q8_cache(v)
+    pos = np.arange(p0, p0 + T, dtype=np.int32)
+    scale = 1 / np.sqrt(D)
+    exact = ref_attention(q, kd, vd, pos, n_kv, mask, block, scale) * sigmoid64(gate)  # the cache's own values
+    unquantized = ref_attention(q, k, v, pos, n_kv, mask, block, scale) * sigmoid64(gate)
+    for isa in ISAS:
+        got = ops.attention(q, kq, vq, pos, n_kv, mask=mask, block_length=block, gate=gate, isa=isa)
+        check_close(got, exact, TOL_ATTN, f"attention q8_0 {isa} {case}")
+        check_close(got, unquantized, TOL_ATTN_Q8, f"attention q8_0 vs f32 cache {isa} {case}")
+
+
+def test_attention_q8_0_threads(rng, threads):
+    q = f32(rng, 9, 8, 64)
+    kq, _ = q8_cache(f32(rng, 70, 2, 64))
+    vq, _ = q8_cache(f32(rng, 70, 2, 64))
+    pos = np.arange(60, 69, dtype=np.int32)
+    for isa in ISAS:
+        outs = []
+        for n in (1, 2, 3):
+            threads(n)
+            outs.append(ops.attention(q, kq, vq, pos, 70, mask="block_causal", block_length=8, isa=isa))
+        assert all(np.array_equal(outs[0], o) for o in outs[1:]), isa
 
 
 def test_attention_adversarial(rng):
@@ -584,6 +635,13 @@ def test_bad_attention_input(rng):
         ops.attention(q, k, k, pos, 10, gate=f32(rng, 2, 4, 7))
     with pytest.raises(ValueError, match="block_length"):
         ops.attention(q, k, k, pos, 10, mask="block_causal", block_length=0)
+    # Q8_0 caches: uint8 blocks, a head dim that is a multiple of 32, D / 32 * 34 bytes per head
+    kq = np.zeros((10, 2, 34), np.uint8)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ops.attention(q, kq, kq, pos, 10)
+    with pytest.raises(ValueError, match="bytes per head"):
+        ops.attention(f32(rng, 2, 4, 32), np.zeros((10, 2, 32), np.uint8), np.zeros((10, 2, 32), np.uint8), pos, 10)
+    ops.attention(f32(rng, 2, 4, 32), kq, kq, pos, 10)  # the right layout runs
 
 
 def test_bad_conv_gdn_input(rng):
