@@ -1,4 +1,4 @@
-"""The NEON kernels, cross-compiled for aarch64 and run under qemu-user against the scalar reference.
+"""The NEON kernels and model operators, cross-compiled for aarch64 and run under qemu-user against the scalar reference.
 
 tests/native/run_aarch64.sh builds tests/native/test_kernels_native.cpp with the NEON sources and runs it on
 a CPU without the dot-product extension (cortex-a53) and on one with it (max); each run ends with the line
@@ -39,3 +39,5 @@ def test_neon_kernels_under_qemu(tmp_path):
     ]
     assert len(totals) == 2 and all(p > 0 and f == 0 for p, f in totals), out[-6000:]
     assert re.search(r"^neon\+dotprod: \d+ passed, 0 failed$", r.stdout, re.MULTILINE), out[-6000:]
+    # the model operators' NEON table ran against the scalar one on both CPUs
+    assert len(re.findall(r"^model ops neon: [1-9]\d* passed, 0 failed$", r.stdout, re.MULTILINE)) == 2, out[-6000:]

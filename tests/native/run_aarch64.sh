@@ -20,6 +20,7 @@ fi
 flags=(-std=c++17 -O2 -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Werror -DCLOVER_HAVE_NEON
        -I"$root/csrc" -pthread)
 sources=(csrc/quants.cpp csrc/kernels_ref.cpp csrc/kernels_neon.cpp csrc/dispatch.cpp csrc/ops.cpp
+         csrc/model_ops.cpp csrc/model_ops_neon.cpp
          csrc/threadpool.cpp tests/native/test_kernels_native.cpp)
 
 echo "compiling with $("$cxx" --version | head -n 1)"

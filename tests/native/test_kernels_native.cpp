@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "dispatch.h"
+#include "formats.h"
 #include "kernels.h"
+#include "model_ops.h"
 #include "ops.h"
 #include "quants.h"
 
@@ -397,6 +399,117 @@ void test_moe(const Table& tb, std::mt19937& rng) {
     }
 }
 
+// ---- model operators: the SIMD table against the scalar one ----
+
+constexpr double TOL_OPS = 1e-5;  // the float ops of a row in another order; exp within a few ulp
+constexpr double TOL_GDN = 5e-5;  // a float32 recurrence over 70 tokens (chunked vs recurrent: other rounding)
+
+std::vector<float> run_rows(void (*fn)(const float*, const float*, int64_t, float, float*), const std::vector<float>& x,
+                            const std::vector<float>& w, int64_t d) {
+    std::vector<float> y(x.size());
+    for (size_t r = 0; r < x.size() / d; r++) fn(x.data() + r * d, w.data(), d, 1e-6f, y.data() + r * d);
+    return y;
+}
+
+void test_model_ops(const std::string& name, const ModelKernels& mk, std::mt19937& rng) {
+    const ModelKernels& ref = model_kernels_ref();
+    for (int64_t d : {1, 7, 8, 16, 37, 256}) {
+        const std::string sd = " d=" + std::to_string(d);
+        std::vector<float> x = normal(rng, 3 * d, 2.f), z = normal(rng, 3 * d, 3.f), w = normal(rng, d, 1.f);
+        z[0] = 100.f;  // silu / sigmoid saturate without overflow
+        if (z.size() > 1) z[1] = -100.f;
+        if (z.size() > 2) z[2] = -90.f;  // exp's lower clamp
+        std::vector<float> got, want;
+        got = run_rows(mk.rms_norm, x, w, d), want = run_rows(ref.rms_norm, x, w, d);
+        check(name + " rms_norm" + sd, got.data(), want.data(), got.size(), TOL_OPS);
+        std::vector<float> g1(x.size()), g2(x.size());
+        for (int r = 0; r < 3; r++) {
+            mk.gated_rms_norm(x.data() + r * d, z.data() + r * d, w.data(), d, 1e-6f, g1.data() + r * d);
+            ref.gated_rms_norm(x.data() + r * d, z.data() + r * d, w.data(), d, 1e-6f, g2.data() + r * d);
+        }
+        check(name + " gated_rms_norm" + sd, g1.data(), g2.data(), g1.size(), TOL_OPS);
+        mk.l2_norm(x.data(), d, 0.5f, g1.data());
+        ref.l2_norm(x.data(), d, 0.5f, g2.data());
+        check(name + " l2_norm" + sd, g1.data(), g2.data(), d, TOL_OPS);
+        const int64_t n = 3 * d;
+        mk.swiglu(z.data(), x.data(), n, g1.data());
+        ref.swiglu(z.data(), x.data(), n, g2.data());
+        check(name + " swiglu" + sd, g1.data(), g2.data(), n, TOL_OPS);
+        mk.sigmoid_mul(x.data(), z.data(), n, g1.data());
+        ref.sigmoid_mul(x.data(), z.data(), n, g2.data());
+        check(name + " sigmoid_mul" + sd, g1.data(), g2.data(), n, TOL_OPS);
+    }
+    {  // causal depthwise conv over a channel range that is not a multiple of the vector
+        const int64_t T = 5, C = 37, K = 4;
+        std::vector<float> x = normal(rng, T * C, 1.f), w = normal(rng, C * K, 1.f), st = normal(rng, (K - 1) * C, 1.f);
+        std::vector<float> y1(T * C, 0.f), y2(T * C, 0.f);
+        mk.conv1d_silu(x.data(), w.data(), st.data(), T, C, K, 3, C, y1.data());
+        ref.conv1d_silu(x.data(), w.data(), st.data(), T, C, K, 3, C, y2.data());
+        check(name + " conv1d_silu", y1.data(), y2.data(), y1.size(), TOL_OPS);
+    }
+    {  // matmul with a tail in every dimension, beta = 0 and beta != 0
+        const int64_t m = 6, n = 37, k = 19;
+        std::vector<float> A = normal(rng, m * k, 1.f), B = normal(rng, k * n, 1.f), C0 = normal(rng, m * n, 1.f);
+        for (float beta : {0.f, 0.5f}) {
+            std::vector<float> c1 = C0, c2 = C0;
+            mk.matmul(m, n, k, A.data(), k, B.data(), n, c1.data(), n, -1.5f, beta);
+            ref.matmul(m, n, k, A.data(), k, B.data(), n, c2.data(), n, -1.5f, beta);
+            check(name + " matmul beta=" + std::to_string(beta), c1.data(), c2.data(), c1.size(), TOL_OPS);
+        }
+    }
+    // attention over f32, f16 and Q8_0 caches, causal and block-causal, with and without the gate
+    for (int64_t D : {32, 40, 256}) {
+        const int64_t T = 5, Hq = 8, Hkv = 2, S = 77, n_kv = 75;
+        std::vector<float> q = normal(rng, T * Hq * D, 1.f), gate = normal(rng, T * Hq * D, 2.f);
+        std::vector<float> k = normal(rng, S * Hkv * D, 1.f), v = normal(rng, S * Hkv * D, 1.f);
+        std::vector<uint16_t> k16(k.size()), v16(v.size());
+        for (size_t i = 0; i < k.size(); i++) k16[i] = f32_to_fp16(k[i]), v16[i] = f32_to_fp16(v[i]);
+        std::vector<uint8_t> k8, v8;
+        if (D % KV_Q8_BLOCK == 0) {
+            k8.resize(S * Hkv * kv_head_bytes(KvType::Q8_0, D));
+            v8.resize(k8.size());
+            quantize_rows(Type::Q8_0, k.data(), k8.data(), S * Hkv, D);
+            quantize_rows(Type::Q8_0, v.data(), v8.data(), S * Hkv, D);
+        }
+        std::vector<int32_t> pos(T);
+        for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(70 + t);
+        for (KvType kv : {KvType::F32, KvType::F16, KvType::Q8_0}) {
+            if (kv == KvType::Q8_0 && k8.empty()) continue;
+            const void* K = kv == KvType::F32 ? (const void*)k.data() : kv == KvType::F16 ? (const void*)k16.data() : k8.data();
+            const void* V = kv == KvType::F32 ? (const void*)v.data() : kv == KvType::F16 ? (const void*)v16.data() : v8.data();
+            for (AttnMask mask : {AttnMask::Causal, AttnMask::BlockCausal})
+                for (bool gated : {false, true}) {
+                    std::vector<float> o1(q.size()), o2(q.size());
+                    const float* G = gated ? gate.data() : nullptr;
+                    attention(mk, q.data(), K, V, kv, pos.data(), G, T, Hq, Hkv, D, n_kv, mask, 8, 0.1f, o1.data());
+                    attention(ref, q.data(), K, V, kv, pos.data(), G, T, Hq, Hkv, D, n_kv, mask, 8, 0.1f, o2.data());
+                    check(name + " attention D=" + std::to_string(D) + " kv=" + std::to_string((int)kv) +
+                              (mask == AttnMask::Causal ? " causal" : " block") + (gated ? " gated" : ""),
+                          o1.data(), o2.data(), o1.size(), TOL_OPS);
+                }
+        }
+    }
+    {  // gated delta rule: this table's recurrent and chunked forms against the scalar recurrent one
+        const int64_t T = 70, Hk = 2, Hv = 4, dk = 40, dv = 36;
+        std::vector<float> q = normal(rng, T * Hk * dk, 1.f), k = normal(rng, T * Hk * dk, 1.f);
+        std::vector<float> v = normal(rng, T * Hv * dv, 1.f), g(T * Hv), beta(T * Hv);
+        std::uniform_real_distribution<float> u(0.f, 1.f);
+        for (size_t i = 0; i < g.size(); i++) g[i] = -2.f * u(rng), beta[i] = u(rng);
+        const std::vector<float> s0 = normal(rng, Hv * dk * dv, 0.3f);
+        std::vector<float> s_ref = s0, o_ref(T * Hv * dv);
+        gated_delta_rule(ref, GdnMode::Recurrent, q.data(), k.data(), v.data(), g.data(), beta.data(), s_ref.data(), T,
+                         Hk, Hv, dk, dv, true, o_ref.data());
+        for (GdnMode mode : {GdnMode::Recurrent, GdnMode::Chunked}) {
+            std::vector<float> s = s0, o(T * Hv * dv);
+            gated_delta_rule(mk, mode, q.data(), k.data(), v.data(), g.data(), beta.data(), s.data(), T, Hk, Hv, dk, dv,
+                             true, o.data());
+            const std::string m = mode == GdnMode::Recurrent ? " recurrent" : " chunked";
+            check(name + " gated_delta_rule" + m + " out", o.data(), o_ref.data(), o.size(), TOL_GDN);
+            check(name + " gated_delta_rule" + m + " state", s.data(), s_ref.data(), s.size(), TOL_GDN);
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -436,6 +549,21 @@ int main(int argc, char** argv) {
         test_gemm(tb, rng);
         test_moe(tb, rng);
         std::printf("%s: %d passed, %d failed\n", tb.name.c_str(), g_passed - p0, g_failed - f0);
+    }
+    // the model operators' SIMD table of this build (one per ISA) against the scalar table
+    std::vector<const ModelKernels*> model_tables;
+    if (model_kernels_neon()) {
+        model_tables.push_back(model_kernels_neon());
+        expect(&model_kernels_for("neon") == model_kernels_neon() && &active_model_kernels() == model_kernels_neon(),
+               "the neon model-ops table is the one chosen");
+    }
+    if (model_kernels_avx2() && cpu.avx2 && cpu.fma && cpu.f16c) model_tables.push_back(model_kernels_avx2());
+    expect(!model_tables.empty(), "this build has a SIMD model-ops table to test");
+    for (const ModelKernels* mk : model_tables) {
+        const int p0 = g_passed, f0 = g_failed;
+        std::mt19937 rng(99);
+        test_model_ops(std::string("model ops ") + mk->isa, *mk, rng);
+        std::printf("model ops %s: %d passed, %d failed\n", mk->isa, g_passed - p0, g_failed - f0);
     }
     std::printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
