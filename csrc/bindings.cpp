@@ -197,6 +197,9 @@ py::dict py_system_info() {
     feats["fma"] = f.fma;
     feats["f16c"] = f.f16c;
     feats["avx512f"] = f.avx512f;
+    feats["avx512bw"] = f.avx512bw;
+    feats["avx512vl"] = f.avx512vl;
+    feats["avx512vnni"] = f.avx512vnni;
     feats["neon"] = f.neon;
     feats["dotprod"] = f.dotprod;
     feats["i8mm"] = f.i8mm;

@@ -1,4 +1,4 @@
-// Picks the kernel table once, from what the CPU and OS report; CLOVER_ISA=ref|avx2|neon forces one.
+// Picks the kernel table once, from what the CPU and OS report; CLOVER_ISA=ref|avx2|avx512|neon forces one.
 #include "dispatch.h"
 
 #include "quants.h"
@@ -26,6 +26,9 @@ const QuantSearch* quant_search_avx2() { return nullptr; }
 #if !defined(CLOVER_HAVE_NEON)
 const Kernels* kernels_neon() { return nullptr; }
 #endif
+#if !defined(CLOVER_HAVE_AVX512)
+const Kernels* kernels_avx512() { return nullptr; }
+#endif
 
 CpuFeatures cpu_features() {
     CpuFeatures f;
@@ -38,7 +41,11 @@ CpuFeatures cpu_features() {
     unsigned a, b, c, d;
     __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
     f.f16c = (c >> 29) & 1;
+    // (libgcc also checks that the OS saves the AVX-512 registers, XCR0 bits 5-7)
     f.avx512f = __builtin_cpu_supports("avx512f");
+    f.avx512bw = __builtin_cpu_supports("avx512bw");
+    f.avx512vl = __builtin_cpu_supports("avx512vl");
+    f.avx512vnni = __builtin_cpu_supports("avx512vnni");
 #elif defined(__aarch64__)
     f.neon = true;  // Advanced SIMD is mandatory in AArch64
 #if defined(__linux__)
@@ -61,6 +68,8 @@ std::vector<std::string> available_isas() {
     std::vector<std::string> out = {"ref"};
     const CpuFeatures f = cpu_features();
     if (kernels_avx2() && f.avx2 && f.fma && f.f16c) out.push_back("avx2");
+    if (kernels_avx512() && f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni)
+        out.push_back("avx512");
     if (kernels_neon() && f.neon) out.push_back("neon");
     return out;
 }
@@ -75,6 +84,7 @@ const Kernels& kernels_for(const std::string& isa) {
                                     ")");
     }
     if (isa == "avx2") return *kernels_avx2();
+    if (isa == "avx512") return *kernels_avx512();
     if (isa == "neon") return *kernels_neon();
     return kernels_ref();
 }

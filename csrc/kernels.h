@@ -1,4 +1,4 @@
-// The per-ISA kernel table. Each ISA file (kernels_ref.cpp, kernels_avx2.cpp, kernels_neon.cpp)
+// The per-ISA kernel table. Each ISA file (kernels_ref.cpp, kernels_avx2.cpp, kernels_avx512.cpp, kernels_neon.cpp)
 // fills one; dispatch.cpp picks one at import.
 #pragma once
 
@@ -41,6 +41,7 @@ struct Kernels {
 const Kernels& kernels_ref();
 // Defined only in builds that compile the ISA file; null when the host compiler cannot target it.
 const Kernels* kernels_avx2();
+const Kernels* kernels_avx512();  // the AVX2 table with AVX-512 VNNI k-quant kernels
 const Kernels* kernels_neon();
 
 }  // namespace clover

@@ -369,11 +369,11 @@ const Kernels AVX2 = {
     gemm_tiled<TileF32, 4, 2>,
     gemm_tiled<TileF16, 4, 2>,
     gemm_tiled<TileBF16, 4, 2>,
-    gemm_tiled<TileQ8_0, 4, 2>,
-    gemm_tiled<TileQ4_0, 4, 2>,
-    gemm_tiled<TileQ4_K, 2, 1>,
+    gemm_tiled<TileQ8_0, 1, 2>,
+    gemm_tiled<TileQ4_0, 1, 2>,
+    gemm_tiled<TileQ4_K, 1, 1>,
     gemm_tiled<TileQ5_K, 2, 1>,
-    gemm_tiled<TileQ6_K, 2, 1>,
+    gemm_tiled<TileQ6_K, 1, 1>,
 };
 
 }  // namespace

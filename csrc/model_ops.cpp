@@ -196,7 +196,7 @@ const ModelKernels& model_kernels_ref() { return REF; }
 
 namespace {
 const ModelKernels* simd_table(const std::string& isa) {
-    if (isa == "avx2") return model_kernels_avx2();
+    if (isa == "avx2" || isa == "avx512") return model_kernels_avx2();  // (no AVX-512 model ops)
     if (isa == "neon") return model_kernels_neon();
     return nullptr;
 }
