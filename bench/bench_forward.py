@@ -63,6 +63,9 @@ class Profile:
                     rows = w.shape[0]
                     k = x.shape[1]
                     self.flops[cat] += 2.0 * x.shape[0] * rows * k
+                if name == "matmul_many":
+                    x = a[0]
+                    self.flops[cat] += sum(2.0 * x.shape[0] * w.shape[0] * x.shape[1] for w, _ in a[1])
                 if name == "moe":
                     x, ids, g = a[0], a[1], a[3]
                     self.flops[cat] += 2.0 * ids.size * 3 * g.shape[1] * x.shape[1]
@@ -72,6 +75,7 @@ class Profile:
             setattr(mod, name, f)
 
         wrap(K, "matmul", lambda a: "lm_head" if a[1] is out_data else "projections")
+        wrap(K, "matmul_many", "projections")
         wrap(K, "moe", "experts")
         wrap(O, "attention", "attention")
         wrap(O, "gated_delta_rule", "gdn")
@@ -134,18 +138,25 @@ def main() -> int:
     for T in [int(x) for x in a.tokens.split(",")]:
         ids = rng.integers(0, c.vocab_size, T)
         prof = Profile(m)
+        runs = []  # (seconds, kernel seconds by category, flops) of each timed run, after a warm-up run
         try:
-            dt = timed(lambda: m.run(cache, ids, commit=False, block=block))
+            for rep in range(4):
+                prof.t.clear()
+                prof.flops.clear()
+                t = time.perf_counter()
+                m.run(cache, ids, commit=False, block=block)
+                if rep:
+                    runs.append((time.perf_counter() - t, dict(prof.t), sum(prof.flops.values())))
         finally:
             prof.close()
-        runs = 4  # timed() calls the function reps + 1 times
-        shares = {k: v / runs / dt for k, v in prof.t.items()}
+        # the median run, its shares from its own kernel times (python = what no kernel accounts for)
+        dt, kt, flops = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+        shares = {k: v / dt for k, v in kt.items()}
         shares["python"] = max(0.0, 1 - sum(shares.values()))
-        flops = sum(prof.flops.values()) / runs
         w = m.layers[0 if not c.recurrent[0] else next(i for i in range(c.n_layer) if c.recurrent[i])]
         wq = w["qkv"] if "qkv" in w else w["q"]
         x = rng.standard_normal((T, c.n_embd)).astype(np.float32)
-        g_dt = timed(lambda: kernels.matmul(x, wq.data, wq.fmt))
+        g_dt = timed(lambda: kernels.matmul(x, wq.data, wq.fmt), reps=7)
         rate = 2.0 * T * wq.data.shape[0] * c.n_embd / g_dt
         bound = flops / rate
         results["forward"][T] = {"ms": dt * 1e3, "tokens_per_second": T / dt, "gflop": flops / 1e9,

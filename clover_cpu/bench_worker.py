@@ -67,6 +67,8 @@ class LlamaEngine:
                                    n_batch=512, n_ubatch=512, verbose=False)
         self.vocab = self.llm.n_vocab()
         self.version = llama_cpp.__version__
+        # the SIMD features its build uses (llama-cpp-python builds with GGML_NATIVE: AVX-512 where present)
+        self.system = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
 
     def reset(self) -> None:
         self.llm.reset()  # the next eval removes the KV cache entries past n_tokens = 0
@@ -76,7 +78,7 @@ class LlamaEngine:
         return self.llm.scores[self.llm.n_tokens - 1]
 
     def info(self) -> dict:
-        return {"llama_cpp_python": self.version}
+        return {"llama_cpp_python": self.version, "system_info": self.system}
 
 
 def argmax(row) -> int:

@@ -40,6 +40,14 @@ def matmul(x: np.ndarray, w: np.ndarray, fmt: str, *, isa: str | None = None) ->
     return _core.matmul(x, w, fmt, isa=isa)
 
 
+def matmul_many(x: np.ndarray, weights, *, isa: str | None = None) -> list[np.ndarray]:
+    """[x @ W^T for (W, fmt) in weights]: the products of one activation matrix with several weights
+    (the same K), x quantized once per activation format and one pass of the thread pool over every
+    row; each result equals matmul(x, W, fmt) bit for bit."""
+    weights = list(weights)
+    return _core.matmul_many(x, [w for w, _ in weights], [f for _, f in weights], isa=isa)
+
+
 def moe(
     x: np.ndarray,
     ids: np.ndarray,

@@ -51,6 +51,11 @@ def mat(x: np.ndarray, w: Matrix) -> np.ndarray:
     return kernels.matmul(np.ascontiguousarray(x, dtype=np.float32), w.data, w.fmt)
 
 
+def mats(x: np.ndarray, *ws: Matrix) -> list[np.ndarray]:
+    """[mat(x, w) for w in ws], in one call: x quantized once, one pass of the thread pool."""
+    return kernels.matmul_many(np.ascontiguousarray(x, dtype=np.float32), [(w.data, w.fmt) for w in ws])
+
+
 @dataclass
 class Experts:
     data: np.ndarray  # uint8 [E, rows, row_bytes]
@@ -252,10 +257,11 @@ class Model:
                    block: int | None) -> np.ndarray:
         c = self.config
         T, D = x.shape[0], c.head_dim
-        qg = mat(x, L["q"]).reshape(T, c.n_head, 2 * D)  # per head: [query | gate]
+        qg, k, v = mats(x, L["q"], L["k"], L["v"])
+        qg = qg.reshape(T, c.n_head, 2 * D)  # per head: [query | gate]
         q, gate = np.ascontiguousarray(qg[..., :D]), np.ascontiguousarray(qg[..., D:])
-        k = mat(x, L["k"]).reshape(T, c.n_head_kv, D)
-        v = mat(x, L["v"]).reshape(T, c.n_head_kv, D)
+        k = k.reshape(T, c.n_head_kv, D)
+        v = v.reshape(T, c.n_head_kv, D)
         q = ops.rope_neox(ops.rms_norm(q, L["q_norm"], c.eps), pos, c.n_rot, c.rope_theta)
         k = ops.rope_neox(ops.rms_norm(k, L["k_norm"], c.eps), pos, c.n_rot, c.rope_theta)
         # the span's keys/values go in rows n..n+T-1; only cache.n (advanced by `commit`) makes them part
@@ -274,37 +280,39 @@ class Model:
     def _gated_deltanet(self, i: int, L: dict, x: np.ndarray, cache: Cache, commit: int) -> np.ndarray:
         c = self.config
         T = x.shape[0]
-        qkv = mat(x, L["qkv"])
-        z = mat(x, L["z"]).reshape(T, c.n_v_heads, c.v_head_dim)
-        g, beta = ops.gdn_gates(mat(x, L["alpha"]), mat(x, L["beta"]), L["dt_bias"], L["ssm_a"])
+        qkv, z, alpha, beta = mats(x, L["qkv"], L["z"], L["alpha"], L["beta"])
+        z = z.reshape(T, c.n_v_heads, c.v_head_dim)
+        g, beta = ops.gdn_gates(alpha, beta, L["dt_bias"], L["ssm_a"])
         conv_state, state = cache.gdn_state(i, c)
         # the committed tokens update the states; the rest of the span runs on from there, speculatively
-        y = np.concatenate([ops.conv1d_silu(part, L["conv"], conv_state, update_state=upd)
-                            for part, upd in ((qkv[:commit], True), (qkv[commit:], False)) if len(part)])
+        spans = [(a, b, upd) for a, b, upd in ((0, commit, True), (commit, T, False)) if b > a]
+
+        def part(a, b, arr):  # rows [a, b) of arr (the whole array when the span is one part)
+            return arr if len(spans) == 1 else np.ascontiguousarray(arr[a:b])
+
+        y = [ops.conv1d_silu(part(a, b, qkv), L["conv"], conv_state, update_state=upd) for a, b, upd in spans]
+        y = y[0] if len(y) == 1 else np.concatenate(y)
         q = np.ascontiguousarray(y[:, : c.key_dim]).reshape(T, c.n_k_heads, c.k_head_dim)
         k = np.ascontiguousarray(y[:, c.key_dim : 2 * c.key_dim]).reshape(T, c.n_k_heads, c.k_head_dim)
         v = np.ascontiguousarray(y[:, 2 * c.key_dim :]).reshape(T, c.n_v_heads, c.v_head_dim)
-        parts = []
-        if commit:
-            parts.append(ops.gated_delta_rule(q[:commit], k[:commit], v[:commit], g[:commit], beta[:commit], state,
-                                              update_state=True))
-        if commit < T:
-            parts.append(ops.gated_delta_rule(np.ascontiguousarray(q[commit:]), np.ascontiguousarray(k[commit:]),
-                                              np.ascontiguousarray(v[commit:]), np.ascontiguousarray(g[commit:]),
-                                              np.ascontiguousarray(beta[commit:]), state, update_state=False))
-        o = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        o = [ops.gated_delta_rule(part(a, b, q), part(a, b, k), part(a, b, v), part(a, b, g), part(a, b, beta), state,
+                                  update_state=upd) for a, b, upd in spans]
+        o = o[0] if len(o) == 1 else np.concatenate(o)
         o = ops.gated_rms_norm(o, z, L["ssm_norm"], c.eps)
         return mat(o.reshape(T, c.value_dim), L["ssm_out"])
 
     def _moe(self, L: dict, x: np.ndarray) -> np.ndarray:
         c = self.config
         # (numpy's BLAS is kept off the hot path: its spinning threads fight the kernels' pool)
-        ids, w = ops.router_topk(mat(x, L["router"]), c.n_expert_used)
+        router, gate, up, shared_gate = mats(x, L["router"], L["gate_shexp"], L["up_shexp"], L["shexp_gate_inp"])
+        ids, w = ops.router_topk(router, c.n_expert_used)
         g, u, d = L["gate_exps"], L["up_exps"], L["down_exps"]
         routed, n_used = kernels.moe(x, ids, w, g.data, u.data, d.data, g.fmt, u.fmt, d.fmt)
         self.last_experts_used = n_used
-        shared = mat(ops.swiglu(mat(x, L["gate_shexp"]), mat(x, L["up_shexp"])), L["down_shexp"])
-        return routed + sigmoid(mat(x, L["shexp_gate_inp"])) * shared
+        shared = mat(ops.swiglu(gate, up), L["down_shexp"])
+        shared *= sigmoid(shared_gate)
+        routed += shared
+        return routed
 
     # -- spans --
 
@@ -335,10 +343,10 @@ class Model:
         for i, L in enumerate(self.layers):
             h = rmsnorm(x, L["attn_norm"], c.eps)
             if c.recurrent[i]:
-                x = x + self._gated_deltanet(i, L, h, cache, commit)
+                x += self._gated_deltanet(i, L, h, cache, commit)
             else:
-                x = x + self._attention(i, L, h, pos, cache, commit, block)
-            x = x + self._moe(L, rmsnorm(x, L["post_norm"], c.eps))
+                x += self._attention(i, L, h, pos, cache, commit, block)
+            x += self._moe(L, rmsnorm(x, L["post_norm"], c.eps))
         cache.n += commit
         cache.tokens.extend(int(t) for t in ids[:commit])
         h = rmsnorm(x, self.output_norm, c.eps)

@@ -152,6 +152,39 @@ py::array_t<float> py_matmul(const py::array& x, const py::array& w, const std::
     return y;
 }
 
+py::list py_matmul_many(const py::array& x, const py::sequence& ws, const py::sequence& types,
+                        const std::optional<std::string>& isa) {
+    const Kernels& kr = kernels_arg(isa);
+    check_array<float>(x, "x", 2, "float32");
+    if (py::len(ws) != py::len(types)) fail("matmul_many needs one type per weight");
+    const size_t n = py::len(ws);
+    std::vector<py::array> keep;  // the weight arrays stay referenced while the kernels run
+    std::vector<WeightView> Ws;
+    for (size_t i = 0; i < n; i++) {
+        if (!py::isinstance<py::array>(ws[i])) fail("matmul_many: weight " + std::to_string(i) + " is not an array");
+        keep.push_back(py::reinterpret_borrow<py::array>(ws[i]));
+        const std::string name = "w[" + std::to_string(i) + "]";
+        Ws.push_back(weight_view(keep.back(), parse_type(types[i].cast<std::string>()), name.c_str()));
+        if (x.shape(1) != Ws.back().k)
+            fail("x has " + std::to_string(x.shape(1)) + " columns but the rows of " + name + " hold " +
+                 std::to_string(Ws.back().k) + " values");
+    }
+    const int64_t M = x.shape(0);
+    py::list out;
+    std::vector<float*> Ys;
+    for (const WeightView& W : Ws) {
+        py::array_t<float> y({(py::ssize_t)M, (py::ssize_t)W.rows});
+        Ys.push_back(y.mutable_data());
+        out.append(y);
+    }
+    if (M > 0 && n > 0) {
+        const float* X = (const float*)x.data();
+        py::gil_scoped_release nogil;
+        matmul_many(kr, Ws.data(), n, X, M, Ys.data());
+    }
+    return out;
+}
+
 py::tuple py_moe(const py::array& x, const py::array& ids, const py::array& weights, const py::array& gate,
                  const py::array& up, const py::array& down, const std::string& gate_type, const std::string& up_type,
                  const std::string& down_type, const std::optional<std::string>& isa) {
@@ -245,6 +278,8 @@ PYBIND11_MODULE(_core, m) {
           "k-quant quantizers: True = the active ISA's search (default), False = the scalar reference");
     m.def("dequantize", &py_dequantize, py::arg("data"), py::arg("type"));
     m.def("matmul", &py_matmul, py::arg("x"), py::arg("w"), py::arg("type"), py::kw_only(),
+          py::arg("isa") = py::none());
+    m.def("matmul_many", &py_matmul_many, py::arg("x"), py::arg("ws"), py::arg("types"), py::kw_only(),
           py::arg("isa") = py::none());
     m.def("moe", &py_moe, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("gate"), py::arg("up"),
           py::arg("down"), py::arg("gate_type"), py::arg("up_type"), py::arg("down_type"), py::kw_only(),

@@ -82,6 +82,48 @@ void matmul(const Kernels& kr, const WeightView& W, const float* X, int64_t M, f
     });
 }
 
+void matmul_many(const Kernels& kr, const WeightView* Ws, size_t n, const float* X, int64_t M, float* const* Ys) {
+    // one quantized copy of X per activation format (fp32 / q8_a / q8_K)
+    std::vector<std::vector<uint8_t>> xq(3);
+    std::vector<const uint8_t*> xs(n);
+    std::vector<size_t> xrbs(n);
+    int64_t macs = 0, bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int f = (int)act_format(Ws[i].type);
+        xrbs[i] = act_row_bytes(Ws[i].type, Ws[i].k);
+        if (xq[f].empty()) {
+            xq[f].resize(xrbs[i] * M);
+            quantize_acts(Ws[i].type, X, M, Ws[i].k, xq[f].data());
+        }
+        xs[i] = xq[f].data();
+        macs += Ws[i].rows * M * Ws[i].k;
+        bytes += Ws[i].rows * (int64_t)Ws[i].row_bytes;
+    }
+    // tasks: (matrix, row chunk), chunks sized as matmul's for the matrices' total
+    auto p = pool();
+    const bool small = macs < MIN_PARALLEL_MACS && bytes < (64 << 10);
+    struct Task {
+        size_t i;
+        int64_t n0, n1;
+    };
+    std::vector<Task> tasks;
+    for (size_t i = 0; i < n; i++) {
+        const int64_t rows = Ws[i].rows;
+        const int64_t chunk = small ? rows : rows_per_task(rows, p->size(), (int64_t)n);
+        for (int64_t n0 = 0; n0 < rows; n0 += chunk) tasks.push_back({i, n0, std::min(rows, n0 + chunk)});
+    }
+    auto run_task = [&](int64_t t, int) {
+        const Task& tk = tasks[t];
+        const WeightView& W = Ws[tk.i];
+        gemm_rows(kr.gemm(W.type), W, xs[tk.i], xrbs[tk.i], M, Ys[tk.i], W.rows, tk.n0, tk.n1);
+    };
+    if (small) {
+        for (size_t t = 0; t < tasks.size(); t++) run_task((int64_t)t, 0);
+    } else {
+        p->run((int64_t)tasks.size(), run_task);
+    }
+}
+
 int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const float* weights, int top_k,
         const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, float* out) {
     const int64_t E = gate.n_expert;

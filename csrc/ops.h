@@ -29,6 +29,11 @@ struct ExpertsView {
 // Y[M, W.rows] = X[M, W.k] @ W^T; X float32 row-major. Activations are quantized on the fly.
 void matmul(const Kernels& kr, const WeightView& W, const float* X, int64_t M, float* Y);
 
+// Several products of the same activations: Y[i][M, Ws[i].rows] = X @ Ws[i]^T, every matrix taking
+// X[M, K] (the same K). X is quantized once per activation format and one pool run covers every row
+// of every matrix; each output equals matmul's for the same matrix bit for bit.
+void matmul_many(const Kernels& kr, const WeightView* Ws, size_t n, const float* X, int64_t M, float* const* Ys);
+
 // out[M, H] = sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, j].
 // gate, up: [E, I, H]; down: [E, H, I]. Returns the number of distinct experts used.
 int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const float* weights, int top_k,

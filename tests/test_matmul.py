@@ -136,3 +136,30 @@ def test_large_m_and_n(rng):
 def test_empty_inputs(rng):
     q, _ = make(rng, "q4_k", 4, 256)
     assert kernels.matmul(np.zeros((0, 256), np.float32), q, "q4_k").shape == (0, 4)
+
+
+@pytest.mark.parametrize("m", [1, 3, 16, 33])
+def test_matmul_many_equals_matmul(m, rng):
+    # every format (three activation formats), large and tiny matrices, one call: bit-equal products
+    ws = [(make(rng, f, n, 512)[0], f) for f, n in
+          [("q4_k", 1100), ("q6_k", 16), ("q8_0", 40), ("f32", 3), ("q4_0", 300), ("f16", 64), ("q4_k", 1)]]
+    x = rng.standard_normal((m, 512)).astype(np.float32)
+    for isa in ISAS:
+        got = kernels.matmul_many(x, ws, isa=isa)
+        assert len(got) == len(ws)
+        for y, (w, f) in zip(got, ws):
+            np.testing.assert_array_equal(y, kernels.matmul(x, w, f, isa=isa), err_msg=f"{isa} {f} m={m}")
+    assert kernels.matmul_many(x, []) == []
+
+
+def test_matmul_many_bad_input(rng):
+    q, _ = make(rng, "q4_k", 8, 256)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    with pytest.raises(ValueError, match="columns"):
+        kernels.matmul_many(x, [(q, "q4_k"), (make(rng, "q4_k", 8, 512)[0], "q4_k")])
+    with pytest.raises(ValueError, match="not an array"):
+        kernels.matmul_many(x, [("weights", "q4_k")])
+    with pytest.raises(ValueError):
+        kernels.matmul_many(x, [(q, "q9_9")])
+    with pytest.raises(ValueError, match="float32"):
+        kernels.matmul_many(x.astype(np.float64), [(q, "q4_k")])
