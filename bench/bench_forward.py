@@ -66,6 +66,10 @@ class Profile:
                 if name == "matmul_many":
                     x = a[0]
                     self.flops[cat] += sum(2.0 * x.shape[0] * w.shape[0] * x.shape[1] for w, _ in a[1])
+                if name == "moe_block":
+                    x, router, top_k, gate, sh = a[0], a[1][0], a[2], a[3], a[8][0]
+                    M, H = x.shape
+                    self.flops[cat] += 2.0 * M * (top_k * 3 * gate.shape[1] + router.shape[0] + 3 * sh.shape[0] + 1) * H
                 if name == "moe":
                     x, ids, g = a[0], a[1], a[3]
                     self.flops[cat] += 2.0 * ids.size * 3 * g.shape[1] * x.shape[1]
@@ -77,6 +81,7 @@ class Profile:
         wrap(K, "matmul", lambda a: "lm_head" if a[1] is out_data else "projections")
         wrap(K, "matmul_many", "projections")
         wrap(K, "moe", "experts")
+        wrap(K, "moe_block", "experts")  # (with the router and the shared expert)
         wrap(O, "attention", "attention")
         wrap(O, "gated_delta_rule", "gdn")
         wrap(O, "conv1d_silu", "gdn")

@@ -48,6 +48,16 @@ def matmul_many(x: np.ndarray, weights, *, isa: str | None = None) -> list[np.nd
     return _core.matmul_many(x, [w for w, _ in weights], [f for _, f in weights], isa=isa)
 
 
+def moe_block(x, router, top_k, gate, up, down, gate_fmt, down_fmt, gate_sh, up_sh, down_sh, shexp_gate, *,
+              isa=None) -> tuple[np.ndarray, int]:
+    """A whole MoE feed-forward with its shared expert, in one call:
+    moe(x; top-k of softmax(x @ router^T)) + sigmoid(x @ shexp_gate^T) * down_sh(silu(gate_sh(x)) * up_sh(x)).
+    router, gate_sh, up_sh, down_sh, shexp_gate: (uint8 rows, format) pairs; gate/up/down: stacked
+    experts (gate and up share gate_fmt). Returns (out [M, H], number of distinct experts used)."""
+    return _core.moe_block(x, router, int(top_k), gate, up, down, gate_fmt, down_fmt, gate_sh, up_sh, down_sh,
+                           shexp_gate, isa=isa)
+
+
 def moe(
     x: np.ndarray,
     ids: np.ndarray,

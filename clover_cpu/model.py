@@ -28,10 +28,6 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return ops.rms_norm(np.ascontiguousarray(x, dtype=np.float32), w, eps)
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
 # ---- weights and caches ----
 
 
@@ -49,6 +45,10 @@ class Matrix:
 def mat(x: np.ndarray, w: Matrix) -> np.ndarray:
     """x [T, K] @ W^T -> [T, rows]."""
     return kernels.matmul(np.ascontiguousarray(x, dtype=np.float32), w.data, w.fmt)
+
+
+def pair(w: Matrix) -> tuple[np.ndarray, str]:
+    return w.data, w.fmt
 
 
 def mats(x: np.ndarray, *ws: Matrix) -> list[np.ndarray]:
@@ -303,16 +303,13 @@ class Model:
 
     def _moe(self, L: dict, x: np.ndarray) -> np.ndarray:
         c = self.config
-        # (numpy's BLAS is kept off the hot path: its spinning threads fight the kernels' pool)
-        router, gate, up, shared_gate = mats(x, L["router"], L["gate_shexp"], L["up_shexp"], L["shexp_gate_inp"])
-        ids, w = ops.router_topk(router, c.n_expert_used)
+        # routed experts (top-k of the router's softmax) + the gated shared expert, one C++ call:
+        # moe(x) + sigmoid(x . shexp_gate) * down_sh(silu(gate_sh(x)) * up_sh(x))
         g, u, d = L["gate_exps"], L["up_exps"], L["down_exps"]
-        routed, n_used = kernels.moe(x, ids, w, g.data, u.data, d.data, g.fmt, u.fmt, d.fmt)
-        self.last_experts_used = n_used
-        shared = mat(ops.swiglu(gate, up), L["down_shexp"])
-        shared *= sigmoid(shared_gate)
-        routed += shared
-        return routed
+        out, self.last_experts_used = kernels.moe_block(
+            np.ascontiguousarray(x, dtype=np.float32), pair(L["router"]), c.n_expert_used, g.data, u.data, d.data,
+            g.fmt, d.fmt, pair(L["gate_shexp"]), pair(L["up_shexp"]), pair(L["down_shexp"]), pair(L["shexp_gate_inp"]))
+        return out
 
     # -- spans --
 

@@ -223,6 +223,49 @@ py::tuple py_moe(const py::array& x, const py::array& ids, const py::array& weig
     return py::make_tuple(out, n_used);
 }
 
+WeightView weight_arg(const py::object& obj, const char* what) {
+    if (!py::isinstance<py::tuple>(obj) || py::len(obj) != 2)
+        fail(std::string(what) + " must be a (uint8 array, format name) pair");
+    const py::tuple wt = py::reinterpret_borrow<py::tuple>(obj);
+    if (!py::isinstance<py::array>(wt[0]) || !py::isinstance<py::str>(wt[1]))
+        fail(std::string(what) + " must be a (uint8 array, format name) pair");
+    return weight_view(py::reinterpret_borrow<py::array>(wt[0]), parse_type(wt[1].cast<std::string>()), what);
+}
+
+py::tuple py_moe_block(const py::array& x, const py::object& router, int top_k, const py::array& gate,
+                       const py::array& up, const py::array& down, const std::string& gate_type,
+                       const std::string& down_type, const py::object& gate_sh, const py::object& up_sh,
+                       const py::object& down_sh, const py::object& shexp_gate, const std::optional<std::string>& isa) {
+    const Kernels& kr = kernels_arg(isa);
+    check_array<float>(x, "x", 2, "float32");
+    const int64_t M = x.shape(0), H = x.shape(1);
+    const WeightView R = weight_arg(router, "router"), GS = weight_arg(gate_sh, "gate_sh"),
+                     US = weight_arg(up_sh, "up_sh"), DS = weight_arg(down_sh, "down_sh"),
+                     SG = weight_arg(shexp_gate, "shexp_gate");
+    const ExpertsView g = experts_view(gate, parse_type(gate_type), "gate");
+    const ExpertsView u = experts_view(up, parse_type(gate_type), "up");
+    const ExpertsView d = experts_view(down, parse_type(down_type), "down");
+    for (const WeightView* w : {&R, &GS, &US, &SG})
+        if (w->k != H) fail("router, gate_sh, up_sh and shexp_gate must take rows of " + std::to_string(H) + " (x columns)");
+    if (SG.rows != 1) fail("shexp_gate must have one row");
+    if (US.rows != GS.rows || DS.k != GS.rows || DS.rows != H)
+        fail("the shared expert must be gate/up [I, " + std::to_string(H) + "] and down [" + std::to_string(H) + ", I]");
+    if (g.w.k != H || u.w.k != H || u.w.rows != g.w.rows || u.n_expert != g.n_expert || d.n_expert != g.n_expert ||
+        d.w.rows != H || d.w.k != g.w.rows)
+        fail("experts must be gate/up [E, I, " + std::to_string(H) + "] and down [E, " + std::to_string(H) + ", I]");
+    if (R.rows != g.n_expert) fail("the router must have one row per expert (" + std::to_string(g.n_expert) + ")");
+    if (top_k < 1 || top_k > g.n_expert) fail("top_k must be in [1, " + std::to_string(g.n_expert) + "]");
+    py::array_t<float> out({(py::ssize_t)M, (py::ssize_t)H});
+    int n_used = 0;
+    const float* X = (const float*)x.data();
+    float* O = out.mutable_data();
+    if (M > 0) {
+        py::gil_scoped_release nogil;
+        n_used = moe_block(kr, X, M, R, top_k, g, u, d, GS, US, DS, SG, O);
+    }
+    return py::make_tuple(out, n_used);
+}
+
 py::dict py_system_info() {
     const CpuFeatures f = cpu_features();
     py::dict feats;
@@ -281,6 +324,9 @@ PYBIND11_MODULE(_core, m) {
           py::arg("isa") = py::none());
     m.def("matmul_many", &py_matmul_many, py::arg("x"), py::arg("ws"), py::arg("types"), py::kw_only(),
           py::arg("isa") = py::none());
+    m.def("moe_block", &py_moe_block, py::arg("x"), py::arg("router"), py::arg("top_k"), py::arg("gate"),
+          py::arg("up"), py::arg("down"), py::arg("gate_type"), py::arg("down_type"), py::arg("gate_sh"),
+          py::arg("up_sh"), py::arg("down_sh"), py::arg("shexp_gate"), py::kw_only(), py::arg("isa") = py::none());
     m.def("moe", &py_moe, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("gate"), py::arg("up"),
           py::arg("down"), py::arg("gate_type"), py::arg("up_type"), py::arg("down_type"), py::kw_only(),
           py::arg("isa") = py::none());

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "model_ops.h"
 #include "quants.h"
 #include "threadpool.h"
 
@@ -122,6 +123,31 @@ void matmul_many(const Kernels& kr, const WeightView* Ws, size_t n, const float*
     } else {
         p->run((int64_t)tasks.size(), run_task);
     }
+}
+
+int moe_block(const Kernels& kr, const float* X, int64_t M, const WeightView& router, int top_k,
+              const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, const WeightView& gate_sh,
+              const WeightView& up_sh, const WeightView& down_sh, const WeightView& shexp_gate, float* out) {
+    const int64_t E = router.rows, I = gate_sh.rows, H = down_sh.rows;
+    std::vector<float> logits(M * E), g(M * I), u(M * I), sg(M);
+    const WeightView first[4] = {router, gate_sh, up_sh, shexp_gate};
+    float* const ys[4] = {logits.data(), g.data(), u.data(), sg.data()};
+    matmul_many(kr, first, 4, X, M, ys);
+    std::vector<int32_t> ids(M * top_k);
+    std::vector<float> w(M * top_k);
+    router_topk(logits.data(), M, E, top_k, ids.data(), w.data());
+    const int n_used = moe(kr, X, M, ids.data(), w.data(), top_k, gate, up, down, out);
+    const ModelKernels& mk = model_kernels_for(kr.isa);
+    swiglu(mk, g.data(), u.data(), M * I, g.data());
+    std::vector<float> shared(M * H);
+    matmul(kr, down_sh, g.data(), M, shared.data());
+    for (int64_t t = 0; t < M; t++) {
+        const float s = 1.f / (1.f + std::exp(-sg[t]));
+        float* o = out + t * H;
+        const float* sh = shared.data() + t * H;
+        for (int64_t n = 0; n < H; n++) o[n] += s * sh[n];
+    }
+    return n_used;
 }
 
 int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const float* weights, int top_k,

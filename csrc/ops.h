@@ -39,6 +39,15 @@ void matmul_many(const Kernels& kr, const WeightView* Ws, size_t n, const float*
 int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const float* weights, int top_k,
         const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, float* out);
 
+// The whole feed-forward of a Clover / Qwen3.5-MoE layer in one call:
+//   out = moe(x; top-k of softmax(x @ router^T)) + sigmoid(x @ shexp_gate^T) * down_sh(silu(gate_sh(x)) * up_sh(x))
+// router [E, H], shexp_gate [1, H], gate_sh / up_sh [I_sh, H], down_sh [H, I_sh]. The same operators as the
+// separate calls (matmul_many, router_topk, moe, swiglu, matmul), in one pass from Python. Returns the
+// number of distinct experts used.
+int moe_block(const Kernels& kr, const float* X, int64_t M, const WeightView& router, int top_k,
+              const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, const WeightView& gate_sh,
+              const WeightView& up_sh, const WeightView& down_sh, const WeightView& shexp_gate, float* out);
+
 // Quantize M activation rows of K floats into the format that weight type t multiplies against.
 void quantize_acts(Type t, const float* X, int64_t M, int64_t K, uint8_t* out);
 

@@ -103,3 +103,51 @@ def test_moe_thread_independent(rng):
     finally:
         clover_cpu.set_num_threads(before)
     np.testing.assert_array_equal(a, b)
+
+
+def moe_block_parts(rng, E=16, H=256, I=256, I_sh=512, fmt="q4_k", down_fmt="q6_k"):
+    g, _ = make_experts(rng, fmt, E, I, H)
+    u, _ = make_experts(rng, fmt, E, I, H)
+    d, _ = make_experts(rng, down_fmt, E, H, I)
+    mat = lambda n, k, f: (kernels.quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.2, f), f)
+    router = (rng.standard_normal((E, H)).astype(np.float32).view(np.uint8), "f32")
+    return dict(router=router, gate=g, up=u, down=d, gate_fmt=fmt, down_fmt=down_fmt, gate_sh=mat(I_sh, H, fmt),
+                up_sh=mat(I_sh, H, fmt), down_sh=mat(H, I_sh, down_fmt), shexp_gate=mat(1, H, "q8_0"))
+
+
+@pytest.mark.parametrize("m", [1, 5, 32])
+def test_moe_block_equals_its_parts(m, rng):
+    from clover_cpu import ops
+
+    p = moe_block_parts(rng)
+    x = rng.standard_normal((m, 256)).astype(np.float32)
+    for isa in clover_cpu.system_info()["available_isas"]:
+        out, n_used = kernels.moe_block(x, p["router"], 4, p["gate"], p["up"], p["down"], p["gate_fmt"],
+                                        p["down_fmt"], p["gate_sh"], p["up_sh"], p["down_sh"], p["shexp_gate"],
+                                        isa=isa)
+        logits, gs, us, sg = kernels.matmul_many(x, [p["router"], p["gate_sh"], p["up_sh"], p["shexp_gate"]],
+                                                 isa=isa)
+        ids, w = ops.router_topk(logits, 4)
+        routed, n_want = kernels.moe(x, ids, w, p["gate"], p["up"], p["down"], p["gate_fmt"], p["gate_fmt"],
+                                     p["down_fmt"], isa=isa)
+        shared = kernels.matmul(ops.swiglu(gs, us, isa=isa), *p["down_sh"], isa=isa)
+        want = routed + shared / (1 + np.exp(-sg.astype(np.float64)))
+        assert n_used == n_want
+        check_close(out, want, 1e-6, f"moe_block {isa} m={m}")  # only the sigmoid's exp differs
+
+
+def test_moe_block_bad_input(rng):
+    p = moe_block_parts(rng)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    args = [p["router"], 4, p["gate"], p["up"], p["down"], p["gate_fmt"], p["down_fmt"], p["gate_sh"], p["up_sh"],
+            p["down_sh"], p["shexp_gate"]]
+    with pytest.raises(ValueError, match="top_k"):
+        kernels.moe_block(x, *args[:1], 17, *args[2:])
+    with pytest.raises(ValueError, match="one row per expert"):
+        kernels.moe_block(x, (p["router"][0][:8], "f32"), *args[1:])
+    with pytest.raises(ValueError, match="pair"):
+        kernels.moe_block(x, p["router"][0], *args[1:])
+    with pytest.raises(ValueError, match="shared expert"):
+        kernels.moe_block(x, *args[:7], p["up_sh"], p["gate_sh"], p["gate_sh"], p["shexp_gate"])
+    with pytest.raises(ValueError, match="one row"):
+        kernels.moe_block(x, *args[:10], p["gate_sh"])
