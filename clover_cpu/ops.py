@@ -1,8 +1,8 @@
-"""The operators of the Clover forward pass, in C++ (scalar and AVX2), threaded over rows or heads.
+"""The operators of the Clover forward pass, in C++ (scalar, AVX2, NEON), threaded over rows or heads.
 
 Every array is float32 and C-contiguous, token-major ([T, ...]); every function raises ValueError on a
 wrong dtype, shape or layout, and releases the GIL. Functions with an ``isa`` keyword have a scalar
-("ref") and an AVX2 path; ``isa=None`` runs the active one (``CLOVER_ISA`` or the best available).
+("ref") and a SIMD path ("avx2", whose table "avx512" shares; "neon"); ``isa=None`` runs the active one (``CLOVER_ISA`` or the best available).
 Results do not depend on the number of threads. The math follows
 /work/shared/reference/qwen35moe-forward.md sections 3-6 (transformers' ``qwen3_5_moe``).
 """
