@@ -116,6 +116,29 @@ py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type, bo
     return out;
 }
 
+// The activation quantizers (what the kernels multiply weights against), for tests: kind "q8_a" (32
+// values per block, Q8_0/Q4_0 weights) or "q8_K" (256, k-quants); simd picks the AVX2 twin (where the
+// build and CPU have it) or the scalar reference.
+py::array_t<uint8_t> py_quantize_acts(const py::array& x, const std::string& kind, bool simd) {
+    check_array<float>(x, "x", 2, "float32");
+    const bool k_quant = kind == "q8_K";
+    if (!k_quant && kind != "q8_a") fail("kind must be 'q8_a' or 'q8_K'");
+    const int64_t M = x.shape(0), K = x.shape(1), block = k_quant ? QK_K : QK;
+    if (K % block) fail("x columns must be a multiple of " + std::to_string(block));
+    const ActQuant& aq = simd && act_quant_avx2() && cpu_features().avx2 ? *act_quant_avx2() : act_quant_ref();
+    const size_t rb = (size_t)(K / block) * (k_quant ? sizeof(block_q8_K) : sizeof(block_q8_a));
+    py::array_t<uint8_t> out({(py::ssize_t)M, (py::ssize_t)rb});
+    const float* X = (const float*)x.data();
+    uint8_t* O = out.mutable_data();
+    for (int64_t m = 0; m < M; m++) {
+        if (k_quant)
+            aq.q8_K(X + m * K, (block_q8_K*)(O + m * rb), K);
+        else
+            aq.q8_a(X + m * K, (block_q8_a*)(O + m * rb), K);
+    }
+    return out;
+}
+
 py::array_t<float> py_dequantize(const py::array& data, const std::string& type) {
     const TypeInfo& ti = parse_type(type);
     const WeightView w = weight_view(data, ti, "data");
@@ -320,6 +343,7 @@ PYBIND11_MODULE(_core, m) {
     m.def("set_fast_quant_search", &set_fast_quant_search, py::arg("fast"),
           "k-quant quantizers: True = the active ISA's search (default), False = the scalar reference");
     m.def("dequantize", &py_dequantize, py::arg("data"), py::arg("type"));
+    m.def("quantize_acts", &py_quantize_acts, py::arg("x"), py::arg("kind"), py::arg("simd"));
     m.def("matmul", &py_matmul, py::arg("x"), py::arg("w"), py::arg("type"), py::kw_only(),
           py::arg("isa") = py::none());
     m.def("matmul_many", &py_matmul_many, py::arg("x"), py::arg("ws"), py::arg("types"), py::kw_only(),

@@ -22,6 +22,7 @@ const Kernels* kernels_avx2() { return nullptr; }
 #endif
 #if !defined(CLOVER_HAVE_AVX2)
 const QuantSearch* quant_search_avx2() { return nullptr; }
+const ActQuant* act_quant_avx2() { return nullptr; }
 #endif
 #if !defined(CLOVER_HAVE_NEON)
 const Kernels* kernels_neon() { return nullptr; }

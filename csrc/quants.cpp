@@ -402,7 +402,9 @@ const QuantSearch& quant_search_ref() { return REF_SEARCH; }
 
 void set_fast_quant_search(bool fast) {
     const QuantSearch* avx2 = quant_search_avx2();
-    g_search = fast && avx2 && std::strcmp(active_kernels().isa, "avx2") == 0 ? avx2 : &REF_SEARCH;
+    const char* isa = active_kernels().isa;
+    const bool simd = std::strcmp(isa, "avx2") == 0 || std::strcmp(isa, "avx512") == 0;  // (avx512 has AVX2)
+    g_search = fast && avx2 && simd ? avx2 : &REF_SEARCH;
 }
 
 const TypeInfo* type_info(int32_t type_id) {
@@ -514,7 +516,9 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
 
 // Activations: symmetric int8 with q = round_half_even(x / d), d = amax / 127. The same
 // arithmetic on every ISA, so integer kernels can be compared exactly.
-void quantize_act_q8_a(const float* x, block_q8_a* y, int64_t k) {
+namespace {
+
+void act_q8_a_ref(const float* x, block_q8_a* y, int64_t k) {
     for (int64_t i = 0; i < k / QK; i++) {
         const float* xb = x + i * QK;
         float amax = 0.f;
@@ -526,7 +530,7 @@ void quantize_act_q8_a(const float* x, block_q8_a* y, int64_t k) {
     }
 }
 
-void quantize_act_q8_K(const float* x, block_q8_K* y, int64_t k) {
+void act_q8_K_ref(const float* x, block_q8_K* y, int64_t k) {
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float* xb = x + i * QK_K;
         float amax = 0.f;
@@ -542,5 +546,19 @@ void quantize_act_q8_K(const float* x, block_q8_K* y, int64_t k) {
         }
     }
 }
+
+const ActQuant ACT_REF = {act_q8_a_ref, act_q8_K_ref};
+
+const ActQuant& act_quant() {
+    static const ActQuant* const chosen = act_quant_avx2() && cpu_features().avx2 ? act_quant_avx2() : &ACT_REF;
+    return *chosen;
+}
+
+}  // namespace
+
+const ActQuant& act_quant_ref() { return ACT_REF; }
+
+void quantize_act_q8_a(const float* x, block_q8_a* y, int64_t k) { act_quant().q8_a(x, y, k); }
+void quantize_act_q8_K(const float* x, block_q8_K* y, int64_t k) { act_quant().q8_K(x, y, k); }
 
 }  // namespace clover

@@ -26,8 +26,16 @@ const QuantSearch* quant_search_avx2();  // null where the build has no AVX2 fil
 // near-ties); false: the scalar reference everywhere.
 void set_fast_quant_search(bool fast);
 
-// Activation quantizers shared by every ISA so that all paths see identical integer inputs.
+// Activation quantizers shared by every ISA so that all paths see identical integer inputs. Where
+// the CPU has AVX2 they run an AVX2 twin that gives the same bytes (the same float operations per
+// value, round half to even, integer group sums).
 void quantize_act_q8_a(const float* x, block_q8_a* y, int64_t k);
 void quantize_act_q8_K(const float* x, block_q8_K* y, int64_t k);
+struct ActQuant {
+    void (*q8_a)(const float* x, block_q8_a* y, int64_t k);
+    void (*q8_K)(const float* x, block_q8_K* y, int64_t k);
+};
+const ActQuant& act_quant_ref();
+const ActQuant* act_quant_avx2();  // null where the build has no AVX2 file
 
 }  // namespace clover

@@ -170,8 +170,64 @@ float qx_avx2(int n, int nmax, const float* x, int8_t* L) {
 
 const QuantSearch AVX2_SEARCH = {qkx2_avx2, qx_avx2};
 
+// ---- activation quantizers: the scalar ones' bytes, 8 values per instruction ----
+
+// 32 floats -> 32 int8 round(x * id), in order; also the four int32 vectors of the rounded values.
+inline void round_32(const float* x, __m256 id, int8_t* out, __m256i v[4]) {
+    for (int u = 0; u < 4; u++)
+        v[u] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * u), id),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256((__m256i*)out, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+inline float amax_of(const float* x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 m = _mm256_setzero_ps();
+    // (max_ps returns its second operand when one is NaN: a NaN is skipped, as std::max(amax, NaN) does)
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
+    return hmax(m);
+}
+
+inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+void act_q8_a_avx2(const float* x, block_q8_a* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK; i++) {
+        const float* xb = x + i * QK;
+        const float d = amax_of(xb, QK) / 127.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        y[i].d = d;
+        __m256i v[4];
+        round_32(xb, _mm256_set1_ps(id), y[i].qs, v);
+    }
+}
+
+void act_q8_K_avx2(const float* x, block_q8_K* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float* xb = x + i * QK_K;
+        const float d = amax_of(xb, QK_K) / 127.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        y[i].d = d;
+        const __m256 vid = _mm256_set1_ps(id);
+        for (int j = 0; j < QK_K / 32; j++) {
+            __m256i v[4];
+            round_32(xb + 32 * j, vid, y[i].qs + 32 * j, v);
+            y[i].bsums[2 * j] = (int16_t)hsum_i32(_mm256_add_epi32(v[0], v[1]));
+            y[i].bsums[2 * j + 1] = (int16_t)hsum_i32(_mm256_add_epi32(v[2], v[3]));
+        }
+    }
+}
+
+const ActQuant AVX2_ACT = {act_q8_a_avx2, act_q8_K_avx2};
+
 }  // namespace
 
 const QuantSearch* quant_search_avx2() { return &AVX2_SEARCH; }
+const ActQuant* act_quant_avx2() { return &AVX2_ACT; }
 
 }  // namespace clover

@@ -163,3 +163,22 @@ def test_matmul_many_bad_input(rng):
         kernels.matmul_many(x, [(q, "q9_9")])
     with pytest.raises(ValueError, match="float32"):
         kernels.matmul_many(x.astype(np.float64), [(q, "q4_k")])
+
+
+@pytest.mark.parametrize("kind,block", [("q8_a", 32), ("q8_K", 256)])
+def test_activation_quantizer_simd_equals_scalar(kind, block, rng):
+    # the kernels' activation quantizer: the AVX2 twin (where present) gives the scalar one's bytes
+    from clover_cpu import _core
+
+    x = rng.standard_normal((6, 4 * block)).astype(np.float32) * 3
+    x[0, :block] = 0.0  # an all-zero block (scale 0)
+    x[1, 5] = 3e38  # a huge value
+    x[2, :block] = -1e-30  # tiny values
+    ties = np.arange(block, dtype=np.float32) - block / 2 + 0.5  # exact halves after scaling by 1
+    ties[0] = 127.0  # amax 127: d = 1, so every value lands on a tie (round half to even)
+    x[3, :block] = ties
+    x[4] *= 1e4
+    x[5, block : 2 * block] = -x[5, block : 2 * block]
+    for simd in (True, False):
+        assert _core.quantize_acts(x, kind, simd).shape == (6, 4 * (36 if kind == "q8_a" else 292))
+    np.testing.assert_array_equal(_core.quantize_acts(x, kind, True), _core.quantize_acts(x, kind, False))
