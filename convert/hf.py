@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import shutil
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -380,6 +382,59 @@ def tensor_chunks(plan: TensorPlan):
             yield np.ascontiguousarray(x, dtype=np.float32), "F32"
 
 
+class ReadAhead:
+    """tensor_chunks of every plan, in order, produced on a background thread `depth` chunks ahead, so
+    that reading the checkpoint (I/O) overlaps quantizing (the kernels' threads); both release the GIL.
+    An error while reading is raised again in the caller's thread."""
+
+    def __init__(self, plans: list[TensorPlan], depth: int = 2):
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(plans,), name="convert-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def _run(self, plans: list[TensorPlan]) -> None:
+        try:
+            for i, plan in enumerate(plans):
+                for chunk in tensor_chunks(plan):
+                    if not self._put((i, chunk)):
+                        return
+                if not self._put((i, None)):  # the end of plan i
+                    return
+        except BaseException as e:  # handed to the consumer
+            self._put((-1, e))
+
+    def chunks(self, i: int):
+        """The chunks of plan i (the plans are consumed in order)."""
+        while True:
+            try:
+                j, item = self._q.get(timeout=0.5)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise ConvertError("internal: the checkpoint reader stopped") from None
+                continue
+            if j == -1:
+                raise item
+            if j != i:
+                raise ConvertError(f"internal: read-ahead out of order ({j} != {i})")
+            if item is None:
+                return
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threads: int = 0, force: bool = False,
             log=print, progress: bool = True) -> dict:
     """Convert the checkpoint folder src into the GGUF file out. Returns a summary dict."""
@@ -422,6 +477,7 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
     bar = Progress(len(plans), total_src) if progress else None
     n_params = n_bits = 0
     old_handler = None
+    reader = None
     try:
         # SIGTERM becomes KeyboardInterrupt so the partial file is removed on any polite stop
         if threading_is_main():
@@ -437,11 +493,12 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         f = w.fout[0]
-        for p in plans:
+        reader = ReadAhead(plans)
+        for i, p in enumerate(plans):
             t = types[p.name]
             w.write_padding(f, f.tell())
             written = 0
-            for x, dtype in tensor_chunks(p):
+            for x, dtype in reader.chunks(i):
                 q = kernels.quantize(x, t, bf16=dtype == "BF16")
                 q.tofile(f)
                 written += q.nbytes
@@ -469,6 +526,8 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
         _remove(tmp)
         raise
     finally:
+        if reader is not None:
+            reader.close()  # before its files are closed
         if bar:
             bar.close()
         if old_handler is not None:
