@@ -10,6 +10,7 @@ transforms, the q4_k_m recipe, multi-threaded quantization, the atomic streaming
 fresh process, the file is loaded by mmap and decodes autoregressively (qwen35moe).
 
     python bench/bench_35b.py --workdir /data/c35 [--keep]
+    python bench/bench_35b.py --generate-only      # the generator itself at this shape, streamed to /dev/null
 
 Prints a table and writes bench/results/clover35b.json. Needs ~20 GB of free disk for the GGUF.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -94,6 +96,25 @@ def convert_virtual(ckpt: Path, out: Path, preset: str) -> dict:
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, "summary": summary}
 
 
+def generate_to_null(workdir: Path, preset: str) -> dict:
+    """Run the synthetic checkpoint generator at this shape with its safetensors file pointing at
+    /dev/null (its temporary name is a symlink there): every tensor is produced and written, nothing
+    kept. Shows the generator streams the 35B shape in bounded memory where the disk cannot hold it."""
+    from clover_cpu.convert.synthetic import make_config, tensor_specs, write_random_checkpoint
+
+    d = workdir / "generated"
+    d.mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "model.safetensors.partial"):
+        (d / name).unlink(missing_ok=True)
+    (d / "model.safetensors.partial").symlink_to(os.devnull)
+    params = sum(int(np.prod(s)) for _, s, _ in tensor_specs(make_config(preset, "qwen3_5_moe")))
+    t = time.perf_counter()
+    write_random_checkpoint(d, preset=preset, model_type="qwen3_5_moe")
+    dt = time.perf_counter() - t
+    return {"preset": preset, "params": params, "bytes_written": 2 * params, "seconds": dt,
+            "mb_per_s": 2 * params / dt / 1e6, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
+
+
 def decode(path: str, prompt: int, new: int) -> dict:
     import clover_cpu
 
@@ -132,8 +153,18 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the GGUF (about 20 GB)")
     ap.add_argument("--preset", default="clover-35b", help="a smaller shape for a quick check (small, bench)")
     ap.add_argument("--json", type=Path, default=HERE / "results" / "clover35b.json")
+    ap.add_argument("--generate-only", action="store_true",
+                    help="only run the checkpoint generator at this shape, writing to /dev/null")
     ap.add_argument("--decode-only", help=argparse.SUPPRESS)  # worker: decode this file, JSON on stdout
     a = ap.parse_args()
+    if a.generate_only:
+        g = generate_to_null(a.workdir, a.preset)
+        print(f"generate: {g['params'] / 1e9:.2f}B parameters, {g['bytes_written'] / 1e9:.1f} GB of bf16 written "
+              f"(to /dev/null) in {g['seconds'] / 60:.1f} min ({g['mb_per_s']:.0f} MB/s), peak RSS {g['peak_rss_gb']:.2f} GB")
+        out = a.json.with_name(a.json.stem + "-generate.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(g, indent=1))
+        return 0
     if a.decode_only:
         print(json.dumps(decode(a.decode_only, a.prompt, a.new)))
         return 0
