@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernel_tiles.h"
 #include "kernels.h"
 
 namespace clover {
@@ -26,49 +27,6 @@ inline int32_t hsum_i32(__m128i v) {
 }
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
-
-// Software prefetch of the weight stream: without it, out-of-cache GEMV ran at a third of the
-// in-L2 speed here (the kernels consume too slowly for the hardware prefetcher to run ahead).
-constexpr int PREFETCH_BYTES = 1536;
-inline void prefetch_block(const void* p, int bytes) {
-    for (int off = 0; off < bytes; off += 64) _mm_prefetch((const char*)p + PREFETCH_BYTES + off, _MM_HINT_T0);
-}
-
-struct Args {
-    const uint8_t* W;
-    size_t wrb;
-    const uint8_t* X;
-    size_t xrb;
-    int64_t K;
-    float* Y;
-    int64_t ldy;
-};
-
-// Tiles over the output: RM weight rows x RN <= 4 tokens.
-template <int RM, template <int, int> class T>
-void tokens(const Args& a, int64_t n, int M) {
-    int m = 0;
-    for (; m + 4 <= M; m += 4) T<RM, 4>::run(a, n, m);
-    switch (M - m) {
-        case 3: T<RM, 3>::run(a, n, m); break;
-        case 2: T<RM, 2>::run(a, n, m); break;
-        case 1: T<RM, 1>::run(a, n, m); break;
-    }
-}
-
-// RM_GEMV rows per tile for one token; RM_GEMM rows x up to 4 tokens otherwise.
-template <template <int, int> class T, int RM_GEMV, int RM_GEMM>
-void gemm_tiled(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
-                int64_t n0, int64_t n1) {
-    const Args a{W, wrb, X, xrb, K, Y, ldy};
-    int64_t n = n0;
-    if (M == 1) {
-        for (; n + RM_GEMV <= n1; n += RM_GEMV) T<RM_GEMV, 1>::run(a, n, 0);
-    } else {
-        for (; n + RM_GEMM <= n1; n += RM_GEMM) tokens<RM_GEMM, T>(a, n, M);
-    }
-    for (; n < n1; n++) tokens<1, T>(a, n, M);
-}
 
 // ---- float weights (f32, f16, bf16) against fp32 activations ----
 
@@ -160,7 +118,7 @@ struct TileQ8A {
                 __m256i w[RM], wabs[RM];
                 float dw[RM];
                 for (int r = 0; r < RM; r++) {
-                    _mm_prefetch((const char*)a.W + (n + r) * a.wrb + b * U::BYTES + PREFETCH_BYTES, _MM_HINT_T0);
+                    __builtin_prefetch((const char*)a.W + (n + r) * a.wrb + b * U::BYTES + PREFETCH_BYTES);
                     w[r] = U::load(a.W + (n + r) * a.wrb, b, &dw[r]);
                     wabs[r] = _mm256_sign_epi8(w[r], w[r]);
                 }
@@ -193,17 +151,6 @@ using TileQ4_0 = TileQ8A<UnpackQ4_0>::T<RM, RN>;
 
 // Shuffle masks that broadcast int16 lane j of a 128-bit lane to all 8 int16 lanes.
 inline __m256i lane_broadcast16(int j) { return _mm256_set1_epi16((short)((2 * j) | ((2 * j + 1) << 8))); }
-
-// The 12-byte q4_K/q5_K scale header to 8 scales (bytes 0..7) and 8 mins (bytes 8..15).
-inline void decode_k4_header(const uint8_t* s12, uint32_t out[4]) {
-    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    uint32_t u[3];
-    std::memcpy(u, s12, 12);
-    out[0] = u[0] & kmask1;
-    out[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-    out[2] = u[1] & kmask1;
-    out[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-}
 
 struct K4Header {
     __m256i scales;  // int16 sc0..sc7 in both 128-bit lanes

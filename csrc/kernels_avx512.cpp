@@ -6,12 +6,13 @@
 // 512-bit register holds 64 weights of two neighbouring sub-blocks whose activations are contiguous in
 // block_q8_K, and vpdpwssd adds the scaled pair sums straight into the int32 accumulator: two
 // instructions per 64 multiply-adds per (row, token) instead of six. 32 vector registers also allow
-// tiles of 2 weight rows x 4 tokens (AVX2: 1 x 4) from 8 tokens on.
+// tiles of 2 weight rows x 4 tokens (AVX2: 1 x 4) from 16 tokens on.
 // Results equal the AVX2 and scalar kernels' up to float summation order (integer block sums are exact).
 #include <immintrin.h>
 
 #include <cstring>
 
+#include "kernel_tiles.h"
 #include "kernels.h"
 
 namespace clover {
@@ -19,54 +20,6 @@ namespace clover {
 namespace {
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
-
-// As kernels_avx2.cpp: software prefetch of the weight stream, PREFETCH_BYTES ahead in each row.
-constexpr int PREFETCH_BYTES = 1536;
-inline void prefetch_block(const void* p, int bytes) {
-    for (int off = 0; off < bytes; off += 64) _mm_prefetch((const char*)p + PREFETCH_BYTES + off, _MM_HINT_T0);
-}
-
-struct Args {
-    const uint8_t* W;
-    size_t wrb;
-    const uint8_t* X;
-    size_t xrb;
-    int64_t K;
-    float* Y;
-    int64_t ldy;
-};
-
-// Tiles over the output: RM weight rows x RN <= 4 tokens (each ISA file keeps its own copy of these
-// small templates: they are instantiated with that file's target flags).
-template <int RM, template <int, int> class T>
-void tokens(const Args& a, int64_t n, int M) {
-    int m = 0;
-    for (; m + 4 <= M; m += 4) T<RM, 4>::run(a, n, m);
-    switch (M - m) {
-        case 3: T<RM, 3>::run(a, n, m); break;
-        case 2: T<RM, 2>::run(a, n, m); break;
-        case 1: T<RM, 1>::run(a, n, m); break;
-    }
-}
-
-// One weight row at a time below 8 tokens, two from 8: measured on this project's AMD EPYC VM
-// (8192x2048 weights, 2 threads), a single-row tile streams Q6_K weights at 34-35 GB/s for one token
-// against 14-19 GB/s with 2 or 4 rows (Q4_K: 26-31 against 20-33, noisier), and 28 against 13-17 GB/s
-// at 4 tokens; two rows win only once the tile is compute-bound (326 against 288 GFLOP/s at 32 tokens).
-constexpr int TWO_ROWS_FROM = 16;
-template <template <int, int> class T>
-void gemm_tiled(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
-                int64_t n0, int64_t n1) {
-    const Args a{W, wrb, X, xrb, K, Y, ldy};
-    int64_t n = n0;
-    if (M == 1) {
-        for (; n < n1; n++) T<1, 1>::run(a, n, 0);
-        return;
-    }
-    if (M >= TWO_ROWS_FROM)
-        for (; n + 2 <= n1; n += 2) tokens<2, T>(a, n, M);
-    for (; n < n1; n++) tokens<1, T>(a, n, M);
-}
 
 // int16 lanes: the first 16 take value lo, the last 16 value hi.
 inline __m512i halves16(short lo, short hi) {
@@ -86,16 +39,6 @@ inline __m512 fma_i32(__m512i sum, float s, __m512 acc) {
 
 // ---- q4_K: 8 sub-blocks of 32 with 6-bit scales and mins; step c covers sub-blocks 2c (low nibbles
 // of qs[32c..32c+31]) and 2c+1 (high nibbles), activations x.qs[64c..64c+63] ----
-
-inline void decode_k4_header(const uint8_t* s12, uint32_t out[4]) {
-    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    uint32_t u[3];
-    std::memcpy(u, s12, 12);
-    out[0] = u[0] & kmask1;
-    out[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-    out[2] = u[1] & kmask1;
-    out[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-}
 
 template <int RM, int RN>
 struct TileQ4K {
@@ -220,8 +163,13 @@ struct TileQ6K {
 Kernels make_table() {
     Kernels k = *kernels_avx2();
     k.isa = "avx512";
-    k.gemm_q4_K = gemm_tiled<TileQ4K>;
-    k.gemm_q6_K = gemm_tiled<TileQ6K>;
+    // One weight row per tile below 16 tokens, two from 16: measured on this project's AMD EPYC VM
+    // (8192x2048 weights, 2 threads), a single-row tile streams Q6_K weights at 34-35 GB/s for one
+    // token against 14-19 GB/s with 2 or 4 rows (Q4_K: 26-31 against 20-33, noisier), and 28 against
+    // 13-17 GB/s at 4 tokens; two rows win only once the tile is compute-bound (326 against 288
+    // GFLOP/s at 32 tokens).
+    k.gemm_q4_K = gemm_tiled<TileQ4K, 1, 2, 16>;
+    k.gemm_q6_K = gemm_tiled<TileQ6K, 1, 2, 16>;
     return k;
 }
 

@@ -7,6 +7,7 @@
 #include <arm_neon.h>
 
 #include "dispatch.h"
+#include "kernel_tiles.h"
 #include "kernels.h"
 
 #if defined(CLOVER_NEON_DOTPROD) && !defined(__ARM_FEATURE_DOTPROD)
@@ -31,41 +32,6 @@ inline int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
     acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
     return vpadalq_s16(acc, vmull_high_s8(a, b));
 #endif
-}
-
-struct Args {
-    const uint8_t* W;
-    size_t wrb;
-    const uint8_t* X;
-    size_t xrb;
-    int64_t K;
-    float* Y;
-    int64_t ldy;
-};
-
-// Tiles over the output: RM = 4 rows for one token (GEMV), 2 rows x up to 4 tokens otherwise.
-template <int RM, template <int, int> class T>
-void tokens(const Args& a, int64_t n, int M) {
-    int m = 0;
-    for (; m + 4 <= M; m += 4) T<RM, 4>::run(a, n, m);
-    switch (M - m) {
-        case 3: T<RM, 3>::run(a, n, m); break;
-        case 2: T<RM, 2>::run(a, n, m); break;
-        case 1: T<RM, 1>::run(a, n, m); break;
-    }
-}
-
-template <template <int, int> class T>
-void gemm_tiled(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
-                int64_t n0, int64_t n1) {
-    const Args a{W, wrb, X, xrb, K, Y, ldy};
-    int64_t n = n0;
-    if (M == 1) {
-        for (; n + 4 <= n1; n += 4) T<4, 1>::run(a, n, 0);
-    } else {
-        for (; n + 2 <= n1; n += 2) tokens<2, T>(a, n, M);
-    }
-    for (; n < n1; n++) tokens<1, T>(a, n, M);
 }
 
 // ---- float weights (f32, f16, bf16) against fp32 activations ----
@@ -327,14 +293,14 @@ using TileQ6_K = TileQK<UnpackQ6_K>::T<RM, RN>;
 
 const Kernels NEON = {
     "neon",
-    gemm_tiled<TileF32>,
-    gemm_tiled<TileF16>,
-    gemm_tiled<TileBF16>,
-    gemm_tiled<TileQ8_0>,
-    gemm_tiled<TileQ4_0>,
-    gemm_tiled<TileQ4_K>,
-    gemm_tiled<TileQ5_K>,
-    gemm_tiled<TileQ6_K>,
+    gemm_tiled<TileF32, 4, 2>,
+    gemm_tiled<TileF16, 4, 2>,
+    gemm_tiled<TileBF16, 4, 2>,
+    gemm_tiled<TileQ8_0, 4, 2>,
+    gemm_tiled<TileQ4_0, 4, 2>,
+    gemm_tiled<TileQ4_K, 4, 2>,
+    gemm_tiled<TileQ5_K, 4, 2>,
+    gemm_tiled<TileQ6_K, 4, 2>,
 };
 
 }  // namespace
