@@ -53,7 +53,7 @@ def pair(w: Matrix) -> tuple[np.ndarray, str]:
 
 def mats(x: np.ndarray, *ws: Matrix) -> list[np.ndarray]:
     """[mat(x, w) for w in ws], in one call: x quantized once, one pass of the thread pool."""
-    return kernels.matmul_many(np.ascontiguousarray(x, dtype=np.float32), [(w.data, w.fmt) for w in ws])
+    return kernels.matmul_many(np.ascontiguousarray(x, dtype=np.float32), [pair(w) for w in ws])
 
 
 @dataclass
@@ -270,7 +270,7 @@ class Model:
         cache.reserve(i, n0 + T, self.kv_row, self.kv_dtype)
         if self.kv_type == "q8_0":
             k = kernels.quantize(k.reshape(T * c.n_head_kv, D), "q8_0").reshape(T, *self.kv_row)
-            v = kernels.quantize(np.ascontiguousarray(v).reshape(T * c.n_head_kv, D), "q8_0").reshape(T, *self.kv_row)
+            v = kernels.quantize(v.reshape(T * c.n_head_kv, D), "q8_0").reshape(T, *self.kv_row)
         cache.k[i][n0 : n0 + T] = k
         cache.v[i][n0 : n0 + T] = v
         o = ops.attention(q, cache.k[i], cache.v[i], pos, n0 + T, mask="causal" if block is None else "block_causal",

@@ -14,6 +14,9 @@ using gemm_fn = void (*)(const uint8_t* W, size_t w_row_bytes, const uint8_t* X,
 
 struct Kernels {
     const char* isa;
+    // The SIMD family of the ISA's other code (model operators, quantizer searches): "ref", "avx2" (the
+    // avx512 table too: it is the AVX2 table with AVX-512 k-quant products) or "neon".
+    const char* family;
     gemm_fn gemm_f32;
     gemm_fn gemm_f16;
     gemm_fn gemm_bf16;

@@ -313,6 +313,7 @@ using TileQ6_K = TileQ6K::T<RM, RN>;
 
 const Kernels AVX2 = {
     "avx2",
+    "avx2",
     gemm_tiled<TileF32, 4, 2>,
     gemm_tiled<TileF16, 4, 2>,
     gemm_tiled<TileBF16, 4, 2>,

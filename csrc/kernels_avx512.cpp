@@ -162,7 +162,7 @@ struct TileQ6K {
 
 Kernels make_table() {
     Kernels k = *kernels_avx2();
-    k.isa = "avx512";
+    k.isa = "avx512";  // (family stays "avx2": the model operators and the rest of the table are AVX2's)
     // One weight row per tile below 16 tokens, two from 16: measured on this project's AMD EPYC VM
     // (8192x2048 weights, 2 threads), a single-row tile streams Q6_K weights at 34-35 GB/s for one
     // token against 14-19 GB/s with 2 or 4 rows (Q4_K: 26-31 against 20-33, noisier), and 28 against

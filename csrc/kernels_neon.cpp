@@ -293,6 +293,7 @@ using TileQ6_K = TileQK<UnpackQ6_K>::T<RM, RN>;
 
 const Kernels NEON = {
     "neon",
+    "neon",
     gemm_tiled<TileF32, 4, 2>,
     gemm_tiled<TileF16, 4, 2>,
     gemm_tiled<TileBF16, 4, 2>,

@@ -143,7 +143,7 @@ void gemm_q6_K(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t
                             });
 }
 
-const Kernels REF = {"ref", gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, gemm_q4_0, gemm_q4_K, gemm_q5_K, gemm_q6_K};
+const Kernels REF = {"ref", "ref", gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, gemm_q4_0, gemm_q4_K, gemm_q5_K, gemm_q6_K};
 
 }  // namespace
 

@@ -194,24 +194,17 @@ const ModelKernels* model_kernels_neon() { return nullptr; }
 
 const ModelKernels& model_kernels_ref() { return REF; }
 
-namespace {
-const ModelKernels* simd_table(const std::string& isa) {
-    if (isa == "avx2" || isa == "avx512") return model_kernels_avx2();  // (no AVX-512 model ops)
-    if (isa == "neon") return model_kernels_neon();
-    return nullptr;
-}
-}  // namespace
-
-const ModelKernels& model_kernels_for(const std::string& isa) {
-    kernels_for(isa);  // throws std::invalid_argument when the ISA is not available
-    const ModelKernels* t = simd_table(isa);
+const ModelKernels& model_kernels_of(const Kernels& kr) {
+    const ModelKernels* t = std::strcmp(kr.family, "avx2") == 0   ? model_kernels_avx2()
+                            : std::strcmp(kr.family, "neon") == 0 ? model_kernels_neon()
+                                                                  : nullptr;
     return t ? *t : REF;
 }
 
-const ModelKernels& active_model_kernels() {
-    const ModelKernels* t = simd_table(active_kernels().isa);
-    return t ? *t : REF;
-}
+// (kernels_for throws std::invalid_argument when the ISA is not available)
+const ModelKernels& model_kernels_for(const std::string& isa) { return model_kernels_of(kernels_for(isa)); }
+
+const ModelKernels& active_model_kernels() { return model_kernels_of(active_kernels()); }
 
 // ---- drivers ----
 

@@ -12,6 +12,8 @@
 
 namespace clover {
 
+struct Kernels;  // kernels.h
+
 // Element type of the attention KV cache. Q8_0: each kv head's D values are D/32 blocks of ggml's
 // block_q8_0 (fp16 scale d, then 32 int8 q; value = d * q), 34 bytes per 32 values, so a cache row
 // [n_head_kv, D] takes n_head_kv * D / 32 * 34 bytes. D must be a multiple of 32.
@@ -85,6 +87,8 @@ const ModelKernels* model_kernels_neon();  // null in builds without the NEON fi
 // The table for an ISA name ("ref", "avx2", "neon"); throws std::invalid_argument
 // when the ISA is not available. The active table follows dispatch.h's active ISA.
 const ModelKernels& model_kernels_for(const std::string& isa);
+// The model-operator table of a kernel table's SIMD family (Kernels::family).
+const ModelKernels& model_kernels_of(const Kernels& kr);
 const ModelKernels& active_model_kernels();
 
 // ---- drivers (threaded over rows or heads; results do not depend on the thread count) ----

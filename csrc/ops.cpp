@@ -87,17 +87,19 @@ void matmul(const Kernels& kr, const WeightView& W, const float* X, int64_t M, f
 }
 
 void matmul_many(const Kernels& kr, const WeightView* Ws, size_t n, const float* X, int64_t M, float* const* Ys) {
-    // one quantized copy of X per activation format (fp32 / q8_a / q8_K)
-    std::vector<std::vector<uint8_t>> xq(3);
+    // one quantized copy of X per activation format (fp32 / q8_a / q8_K), in per-thread buffers as matmul's
+    thread_local std::vector<uint8_t> xq[3];
+    bool done[3] = {false, false, false};
     std::vector<const uint8_t*> xs(n);
     std::vector<size_t> xrbs(n);
     int64_t macs = 0, bytes = 0;
     for (size_t i = 0; i < n; i++) {
         const int f = (int)act_format(Ws[i].type);
         xrbs[i] = act_row_bytes(Ws[i].type, Ws[i].k);
-        if (xq[f].empty()) {
+        if (!done[f]) {
             xq[f].resize(xrbs[i] * M);
             quantize_acts(Ws[i].type, X, M, Ws[i].k, xq[f].data());
+            done[f] = true;
         }
         xs[i] = xq[f].data();
         macs += Ws[i].rows * M * Ws[i].k;
@@ -140,7 +142,7 @@ int moe_block(const Kernels& kr, const float* X, int64_t M, const WeightView& ro
     std::vector<float> w(M * top_k);
     router_topk(logits.data(), M, E, top_k, ids.data(), w.data());
     const int n_used = moe(kr, X, M, ids.data(), w.data(), top_k, gate, up, down, out);
-    const ModelKernels& mk = model_kernels_for(kr.isa);
+    const ModelKernels& mk = model_kernels_of(kr);
     swiglu(mk, g.data(), u.data(), M * I, g.data());
     std::vector<float> shared(M * H);
     matmul(kr, down_sh, g.data(), M, shared.data());

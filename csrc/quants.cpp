@@ -402,9 +402,7 @@ const QuantSearch& quant_search_ref() { return REF_SEARCH; }
 
 void set_fast_quant_search(bool fast) {
     const QuantSearch* avx2 = quant_search_avx2();
-    const char* isa = active_kernels().isa;
-    const bool simd = std::strcmp(isa, "avx2") == 0 || std::strcmp(isa, "avx512") == 0;  // (avx512 has AVX2)
-    g_search = fast && avx2 && simd ? avx2 : &REF_SEARCH;
+    g_search = fast && avx2 && std::strcmp(active_kernels().family, "avx2") == 0 ? avx2 : &REF_SEARCH;
 }
 
 const TypeInfo* type_info(int32_t type_id) {

@@ -181,12 +181,14 @@ inline void round_32(const float* x, __m256 id, int8_t* out, __m256i v[4]) {
     _mm256_storeu_si256((__m256i*)out, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-inline float amax_of(const float* x, int n) {
+// d = amax / 127 of n values (stored in *d) and the multiplier 1 / d (0 for an all-zero block).
+inline __m256 block_scale(const float* x, int n, float* d) {
     const __m256 sign = _mm256_set1_ps(-0.f);
     __m256 m = _mm256_setzero_ps();
     // (max_ps returns its second operand when one is NaN: a NaN is skipped, as std::max(amax, NaN) does)
     for (int i = 0; i < n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
-    return hmax(m);
+    *d = hmax(m) / 127.f;
+    return _mm256_set1_ps(*d != 0.f ? 1.f / *d : 0.f);
 }
 
 inline int32_t hsum_i32(__m256i v) {
@@ -198,22 +200,15 @@ inline int32_t hsum_i32(__m256i v) {
 
 void act_q8_a_avx2(const float* x, block_q8_a* y, int64_t k) {
     for (int64_t i = 0; i < k / QK; i++) {
-        const float* xb = x + i * QK;
-        const float d = amax_of(xb, QK) / 127.f;
-        const float id = d != 0.f ? 1.f / d : 0.f;
-        y[i].d = d;
         __m256i v[4];
-        round_32(xb, _mm256_set1_ps(id), y[i].qs, v);
+        round_32(x + i * QK, block_scale(x + i * QK, QK, &y[i].d), y[i].qs, v);
     }
 }
 
 void act_q8_K_avx2(const float* x, block_q8_K* y, int64_t k) {
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float* xb = x + i * QK_K;
-        const float d = amax_of(xb, QK_K) / 127.f;
-        const float id = d != 0.f ? 1.f / d : 0.f;
-        y[i].d = d;
-        const __m256 vid = _mm256_set1_ps(id);
+        const __m256 vid = block_scale(xb, QK_K, &y[i].d);
         for (int j = 0; j < QK_K / 32; j++) {
             __m256i v[4];
             round_32(xb + 32 * j, vid, y[i].qs + 32 * j, v);

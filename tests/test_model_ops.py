@@ -265,19 +265,6 @@ def test_attention_q8_0(case, rng):
         check_close(got, unquantized, TOL_ATTN_Q8, f"attention q8_0 vs f32 cache {isa} {case}")
 
 
-def test_attention_q8_0_threads(rng, threads):
-    q = f32(rng, 9, 8, 64)
-    kq, _ = q8_cache(f32(rng, 70, 2, 64))
-    vq, _ = q8_cache(f32(rng, 70, 2, 64))
-    pos = np.arange(60, 69, dtype=np.int32)
-    for isa in ISAS:
-        outs = []
-        for n in (1, 2, 3):
-            threads(n)
-            outs.append(ops.attention(q, kq, vq, pos, 70, mask="block_causal", block_length=8, isa=isa))
-        assert all(np.array_equal(outs[0], o) for o in outs[1:]), isa
-
-
 def test_attention_adversarial(rng):
     T, Hq, Hkv, D, S = 3, 4, 2, 24, 50
     k = f32(rng, S, Hkv, D)
@@ -313,10 +300,15 @@ def test_attention_block_causal_sees_own_block(rng):
         assert not o.any()
 
 
-def test_attention_threads(rng, threads):
-    q = f32(rng, 9, 8, 40)
-    k = f32(rng, 70, 2, 40).astype(np.float16)
-    v = f32(rng, 70, 2, 40).astype(np.float16)
+@pytest.mark.parametrize("kv,D", [("f16", 40), ("q8_0", 64)])
+def test_attention_threads(kv, D, rng, threads):
+    q = f32(rng, 9, 8, D)
+    if kv == "f16":
+        k = f32(rng, 70, 2, D).astype(np.float16)
+        v = f32(rng, 70, 2, D).astype(np.float16)
+    else:
+        k, _ = q8_cache(f32(rng, 70, 2, D))
+        v, _ = q8_cache(f32(rng, 70, 2, D))
     pos = np.arange(60, 69, dtype=np.int32)
     for isa in ISAS:
         outs = []
