@@ -208,6 +208,17 @@ py::list py_matmul_many(const py::array& x, const py::sequence& ws, const py::se
     return out;
 }
 
+// Stacked experts that fit rows of H activations: gate and up [E, I, H] (formats with the same
+// activations), down [E, H, I].
+void check_experts(const ExpertsView& g, const ExpertsView& u, const ExpertsView& d, int64_t H) {
+    if (g.w.k != H || u.w.k != H) fail("gate and up experts must take rows of " + std::to_string(H) + " (x columns)");
+    if (u.w.rows != g.w.rows || u.n_expert != g.n_expert) fail("gate and up experts must have the same shape");
+    if (d.n_expert != g.n_expert) fail("down must have as many experts as gate");
+    if (d.w.rows != H || d.w.k != g.w.rows)
+        fail("down experts must be [E, " + std::to_string(H) + ", " + std::to_string(g.w.rows) + "]");
+    if (act_format(g.w.type) != act_format(u.w.type)) fail("gate and up must use formats with the same activations");
+}
+
 py::tuple py_moe(const py::array& x, const py::array& ids, const py::array& weights, const py::array& gate,
                  const py::array& up, const py::array& down, const std::string& gate_type, const std::string& up_type,
                  const std::string& down_type, const std::optional<std::string>& isa) {
@@ -219,12 +230,7 @@ py::tuple py_moe(const py::array& x, const py::array& ids, const py::array& weig
     const ExpertsView u = experts_view(up, parse_type(up_type), "up");
     const ExpertsView d = experts_view(down, parse_type(down_type), "down");
     const int64_t M = x.shape(0), H = x.shape(1);
-    if (g.w.k != H || u.w.k != H) fail("gate and up experts must take rows of " + std::to_string(H) + " (x columns)");
-    if (u.w.rows != g.w.rows || u.n_expert != g.n_expert) fail("gate and up experts must have the same shape");
-    if (d.n_expert != g.n_expert) fail("down must have as many experts as gate");
-    if (d.w.rows != H || d.w.k != g.w.rows)
-        fail("down experts must be [E, " + std::to_string(H) + ", " + std::to_string(g.w.rows) + "]");
-    if (act_format(g.w.type) != act_format(u.w.type)) fail("gate and up must use formats with the same activations");
+    check_experts(g, u, d, H);
     if (ids.shape(0) != M || weights.shape(0) != M || ids.shape(1) != weights.shape(1))
         fail("ids and weights must both be [" + std::to_string(M) + ", top_k]");
     const int top_k = (int)ids.shape(1);
@@ -273,9 +279,7 @@ py::tuple py_moe_block(const py::array& x, const py::object& router, int top_k, 
     if (SG.rows != 1) fail("shexp_gate must have one row");
     if (US.rows != GS.rows || DS.k != GS.rows || DS.rows != H)
         fail("the shared expert must be gate/up [I, " + std::to_string(H) + "] and down [" + std::to_string(H) + ", I]");
-    if (g.w.k != H || u.w.k != H || u.w.rows != g.w.rows || u.n_expert != g.n_expert || d.n_expert != g.n_expert ||
-        d.w.rows != H || d.w.k != g.w.rows)
-        fail("experts must be gate/up [E, I, " + std::to_string(H) + "] and down [E, " + std::to_string(H) + ", I]");
+    check_experts(g, u, d, H);
     if (R.rows != g.n_expert) fail("the router must have one row per expert (" + std::to_string(g.n_expert) + ")");
     if (top_k < 1 || top_k > g.n_expert) fail("top_k must be in [1, " + std::to_string(g.n_expert) + "]");
     py::array_t<float> out({(py::ssize_t)M, (py::ssize_t)H});
