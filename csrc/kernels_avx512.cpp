@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #include "kernel_tiles.h"
 #include "kernels.h"
@@ -169,16 +170,21 @@ struct TileQ6K {
 // scales d_w * d_x per pair (the AVX2 tile: 32 weights and five instructions per (row, token); here 64
 // and four).
 
+// float lanes 0-7 = fp16 a, 8-15 = fp16 b (two broadcasts and one conversion)
+inline __m512 scales_of(uint16_t a, uint16_t b) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)a)),
+                                                   _mm_set1_epi16((short)b), 1));
+}
+
 struct UnpackQ4_0 {
     static constexpr int BIAS = 8;
     static constexpr int BYTES = sizeof(block_q4_0);
     // 64 weights of blocks b and b + 1 (b only, twice, when `one`): the 16 bytes of a block are its
     // weights 0-15 (low nibbles) and 16-31 (high nibbles), so 128-bit lanes 1 and 3 shift by 4
-    static __m512i load(const uint8_t* row, int64_t b, bool one, float* da, float* db) {
+    static __m512i load(const uint8_t* row, int64_t b, bool one, __m512* dw) {
         const block_q4_0* x = (const block_q4_0*)row + b;
         const block_q4_0* y = one ? x : x + 1;
-        *da = half(x->d);
-        *db = half(y->d);
+        *dw = scales_of(x->d, one ? 0 : y->d);
         const __m512i v = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)x->qs))),
             _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)y->qs)), 1);
@@ -190,11 +196,10 @@ struct UnpackQ4_0 {
 struct UnpackQ8_0 {
     static constexpr int BIAS = 128;
     static constexpr int BYTES = sizeof(block_q8_0);
-    static __m512i load(const uint8_t* row, int64_t b, bool one, float* da, float* db) {
+    static __m512i load(const uint8_t* row, int64_t b, bool one, __m512* dw) {
         const block_q8_0* x = (const block_q8_0*)row + b;
         const block_q8_0* y = one ? x : x + 1;
-        *da = half(x->d);
-        *db = half(y->d);
+        *dw = scales_of(x->d, one ? 0 : y->d);
         const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)x->qs)),
                                              _mm256_loadu_si256((const __m256i*)y->qs), 1);
         return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
@@ -224,9 +229,7 @@ struct TileQ8A {
                 for (int r = 0; r < RM; r++) {
                     const uint8_t* row = a.W + (n + r) * a.wrb;
                     prefetch_block(row + b * U::BYTES, 2 * U::BYTES);
-                    float da, db;
-                    w[r] = U::load(row, b, one, &da, &db);
-                    dw[r] = pair_ps(da, one ? 0.f : db);
+                    w[r] = U::load(row, b, one, &dw[r]);
                 }
                 for (int t = 0; t < RN; t++) {
                     const block_q8_a* x = (const block_q8_a*)(a.X + (m + t) * a.xrb) + b;
@@ -254,6 +257,52 @@ using TileQ4_0 = TileQ8A<UnpackQ4_0>::T<RM, RN>;
 template <int RM, int RN>
 using TileQ8_0 = TileQ8A<UnpackQ8_0>::T<RM, RN>;
 
+// One token (GEMV): the tile above redoes the activation side (two loads, the bias sums, the scale
+// pair) for every weight row; here it is done once per call and thread into a small table (192 bytes
+// per block pair, L1-resident), and each row's loop is weights, one vpdpbusd, one multiply-add.
+// Measured on 8192x2048, one thread (whose own read bandwidth is ~24 GB/s here): Q4_0 13.7 GB/s with
+// the tile, 18.5 with the fp16 scale pair converted in one instruction, 23.8 with this table; Q8_0
+// 18.3 -> 23.5. Two threads: Q4_0 24.9 -> 35.9 GB/s, 512x2048 23 -> 29.
+template <typename U, int RM_GEMM_FROM>
+void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
+              int64_t n0, int64_t n1) {
+    if (M != 1) {
+        gemm_tiled<TileQ8A<U>::template T, 1, 2, RM_GEMM_FROM>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+        return;
+    }
+    const int64_t nb = K / QK, np = (nb + 1) / 2;
+    struct Pair {
+        __m512i x, start;
+        __m512 d;
+    };
+    thread_local std::vector<Pair> table;
+    table.resize(np);
+    const __m512i bias = _mm512_set1_epi8((char)U::BIAS);
+    const block_q8_a* x = (const block_q8_a*)X;
+    for (int64_t p = 0; p < np; p++) {
+        const int64_t b = 2 * p;
+        const bool one = b + 1 == nb;
+        const __m256i xa = _mm256_loadu_si256((const __m256i*)x[b].qs);
+        table[p].x = one ? _mm512_zextsi256_si512(xa)
+                         : _mm512_inserti64x4(_mm512_castsi256_si512(xa), _mm256_loadu_si256((const __m256i*)x[b + 1].qs), 1);
+        table[p].start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, table[p].x));
+        table[p].d = pair_ps(x[b].d, one ? 0.f : x[b + 1].d);
+    }
+    const Pair* tb = table.data();
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t* row = W + n * wrb;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t p = 0; p < np; p++) {
+            prefetch_block(row + 2 * p * U::BYTES, 2 * U::BYTES);
+            __m512 dw;
+            const __m512i w = U::load(row, 2 * p, 2 * p + 1 == nb, &dw);
+            const __m512i s = _mm512_dpbusd_epi32(tb[p].start, w, tb[p].x);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, tb[p].d), acc);
+        }
+        Y[n] = _mm512_reduce_add_ps(acc);
+    }
+}
+
 Kernels make_table() {
     Kernels k = *kernels_avx2();
     k.isa = "avx512";  // (family stays "avx2": the model operators and the rest of the table are AVX2's)
@@ -266,8 +315,8 @@ Kernels make_table() {
     k.gemm_q6_K = gemm_tiled<TileQ6K, 1, 2, 16>;
     // Q4_0 (more unpacking per byte) gains from two rows already at 4 tokens (1.7x the AVX2 tile
     // against 1.3x with one row, same run); Q8_0 at 4 tokens streams 25 GB/s with one row, 15 with two.
-    k.gemm_q4_0 = gemm_tiled<TileQ4_0, 1, 2, 4>;
-    k.gemm_q8_0 = gemm_tiled<TileQ8_0, 1, 2, 16>;
+    k.gemm_q4_0 = gemm_q8a<UnpackQ4_0, 4>;
+    k.gemm_q8_0 = gemm_q8a<UnpackQ8_0, 16>;
     return k;
 }
 
