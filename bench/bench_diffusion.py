@@ -79,22 +79,40 @@ def record(args) -> int:
     m = clover_cpu.load(path, threads=args.threads or None)
     prompts = load_eval_prompts(m, args.prompts)
     traces = []
+    mode = {"window": args.window, "reuse": args.reuse}
+    identical, agree = 0, []
     for p in prompts:
         rec = Recorder(m)
         ids = m.tokenize(p)
-        out = m.generate_text(ids, max_new_tokens=args.new, threshold=args.threshold)
+        out = m.generate_text(ids, max_new_tokens=args.new, threshold=args.threshold, **mode)
         traces.append({"prompt_tokens": len(ids), "generated": out["generated_tokens"],
                        "forwards": [{"T": c["T"], "commit": c["commit"], "n": c["n"]} for c in rec.calls]})
         del m.run, m._moe  # the class methods again
+        if args.window or args.reuse:  # agreement with exact (whole-block) decoding of the same prompt
+            exact = m.generate_text(ids, max_new_tokens=args.new, threshold=args.threshold)["token_ids"]
+            got = out["token_ids"]
+            k = 0
+            while k < min(len(exact), len(got)) and exact[k] == got[k]:
+                k += 1
+            identical += exact == got
+            agree.append(k / max(1, len(exact)))
     gen = sum(t["generated"] for t in traces)
     fwd = sum(len(t["forwards"]) - (1 if t["prompt_tokens"] >= m.config.block_length else 0) for t in traces)
     doc = {"model": path, "block_length": m.config.block_length,
            "threshold": round(float(args.threshold or m.config.threshold), 4),
-           "new_tokens": args.new, "generated": gen, "decode_forwards": fwd, "traces": traces}
+           "new_tokens": args.new, "generated": gen, "decode_forwards": fwd, **mode, "traces": traces}
+    if agree:
+        doc["agreement"] = {"identical_completions": int(identical), "prompts": len(agree),
+                            "mean_common_prefix": float(np.mean(agree))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc))
     print(f"{len(traces)} prompts, {gen} tokens in {fwd} decoding forwards: {gen / max(1, fwd):.2f} tokens per "
-          f"forward (block {doc['block_length']}, threshold {doc['threshold']}); traces in {args.out}")
+          f"forward (block {doc['block_length']}, threshold {doc['threshold']}, window {args.window or 'off'}, "
+          f"reuse {'on' if args.reuse else 'off'}); traces in {args.out}")
+    if agree:
+        a = doc["agreement"]
+        print(f"agreement with exact decoding: {a['identical_completions']} of {a['prompts']} completions identical, "
+              f"on average the first {100 * a['mean_common_prefix']:.0f}% of a completion")
     return 0
 
 
@@ -170,7 +188,9 @@ def replay(args) -> int:
         "cost_curve": curve,
     }
     res["speedup_vs_ar"] = res["diffusion"]["tokens_per_second"] / res["ar"]["tokens_per_second"]
-    print(f"model {args.model}, {res['threads']} threads, {len(traces)} traces (block {B})")
+    res["mode"] = {"window": doc.get("window", 0), "reuse": doc.get("reuse", False), "agreement": doc.get("agreement")}
+    print(f"model {args.model}, {res['threads']} threads, {len(traces)} traces (block {B}, window "
+          f"{res['mode']['window'] or 'off'}, reuse {'on' if res['mode']['reuse'] else 'off'})")
     print(f"{'decoding':<22} {'tokens':>7} {'forwards':>9} {'tok/fwd':>8} {'tok/s':>8} {'vs AR':>6}")
     d, a = res["diffusion"], res["ar"]
     print(f"{'diffusion (replayed)':<22} {d['generated']:>7} {d['forwards']:>9} {d['tokens_per_forward']:>8.2f} "
@@ -196,6 +216,8 @@ def main() -> int:
     r.add_argument("--new", type=int, default=64, help="tokens per prompt (default 64)")
     r.add_argument("--threads", type=int, default=0)
     r.add_argument("--threshold", type=float, default=None, help="confidence threshold (default: the file's)")
+    r.add_argument("--window", type=int, default=0, help="decode with this window (run --window; default off)")
+    r.add_argument("--reuse", action="store_true", help="decode with run --reuse (approximate)")
     r.add_argument("--out", type=Path, default=Path("bench/results/traces.json"))
     p = sub.add_parser("replay", help="replay recorded forwards on another model, with AR and a cost curve")
     p.add_argument("-m", "--model", required=True)

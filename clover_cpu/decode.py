@@ -105,6 +105,8 @@ class Options:
     policy: str = "threshold"
     scorer: str = "prob"
     stop_at_eos: bool = True
+    window: int = 0  # positions per denoising forward: the first `window` masked ones (0: the whole block)
+    reuse: bool = False  # approximate: commit each block's final prefix as it forms, no block commit forward
 
     def validate(self, ctx_len: int) -> None:
         if self.max_new_tokens < 0:
@@ -121,6 +123,10 @@ class Options:
             raise ValueError("block_length must be >= 1")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError("max_steps must be >= 1")
+        if self.window < 0:
+            raise ValueError("window must be >= 0 (0 = the whole block)")
+        if self.window and self.max_steps is not None:
+            raise ValueError("max_steps and window do not combine (a window step commits at least one token)")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r} (choose from {', '.join(POLICIES)})")
         if self.scorer not in SCORERS:
@@ -217,6 +223,26 @@ def decode(model, prompt_ids, opts: Options, cache=None):
         # nothing predicts the first token: run the prompt's last token again (cache ends on a block)
         raise ValueError("with shifted logits the prompt must not be empty")
 
+    # window: each denoising forward computes the block only up to its w-th masked position, and only
+    # those w positions are candidates (the masks after them are left out of the forward): a forward
+    # costs what its positions cost, which on a CPU grows with them (bench/NOTES.md, the cost curve).
+    # It changes what the model sees, so its output can differ from whole-block decoding.
+    w = opts.window if 0 < opts.window < B else 0
+    # reuse (opt-in, approximate): a block's left-contiguous final tokens go into the caches with the
+    # next forward (commit=k) instead of the whole block being recomputed clean once it is done; their
+    # keys/values and the GDN states keep what the model computed while later positions were still
+    # masks. Each forward is then [newly final tokens | the block's rest up to the window], and a block
+    # needs no commit forward of its own. Output agreement with exact decoding: bench/NOTES.md.
+    reuse = opts.reuse
+    if reuse and shift:
+        raise ValueError("reuse needs a diffusion file (unshifted logits); autoregressive files decode exactly")
+    tail: list[int] = []  # final tokens of the previous block not yet in the caches (reuse)
+
+    def padded(logits: np.ndarray) -> np.ndarray:  # a window's logits as B rows (the rest never read)
+        if len(logits) == B:
+            return logits
+        return np.concatenate([logits, np.zeros((B - len(logits), logits.shape[1]), logits.dtype)])
+
     remaining = opts.max_new_tokens
     pending = None  # logits of the next block's first step, from a fused commit forward
     while remaining > 0:
@@ -225,17 +251,33 @@ def decode(model, prompt_ids, opts: Options, cache=None):
         undecided = list(range(len(head), len(head) + budget))
         schedule = fixed_schedule(len(undecided), max_steps) if opts.policy == "fixed" else None
         emitted = len(head)  # block positions already streamed (the prompt tail counts as streamed)
+        in_cache = 0  # block positions committed to the caches (reuse)
         step = 0
-        while undecided and step < max_steps:
-            if pending is not None:
+        while undecided and (step < max_steps or w or reuse):
+            if reuse:
+                f = undecided[0]  # the final prefix ends here
+                end = (undecided[:w] if w else undecided)[-1] + 1
+                new_final = tail + span[in_cache:f]
+                out = model.run(cache, new_final + span[f:end], commit=len(new_final), block=block_mode)
+                stats.forwards += 1
+                logits = np.zeros((B, out.shape[1]), out.dtype)
+                logits[f:end] = out[len(new_final):]
+                in_cache, tail = f, []
+            elif pending is not None:
                 logits, pending = pending, None
             elif shift and undecided == [0]:
                 logits = np.zeros((B, c.vocab_size), np.float32)  # position 0 is predicted by `carry` alone
+            elif w:
+                last = undecided[min(w, len(undecided)) - 1]
+                logits = padded(model.run(cache, span[: max(1, last + (0 if shift else 1))], commit=False,
+                                          block=block_mode))
+                stats.forwards += 1
             else:
                 logits = model.run(cache, span, commit=False, block=block_mode)
                 stats.forwards += 1
             pred = _predicting_rows(logits, carry, shift)
-            rows = pred[undecided]
+            cands = undecided[:w] if w else undecided
+            rows = pred[cands]
             p = probabilities(rows, opts.temperature, opts.top_k, opts.top_p)
             cand = choose(p, opts.temperature, rng)
             conf = confidence(p, cand, opts.scorer)
@@ -243,11 +285,12 @@ def decode(model, prompt_ids, opts: Options, cache=None):
                 pick = commit_top_k(conf, schedule[min(step, len(schedule) - 1)])
             else:
                 pick = commit_by_threshold(conf, threshold)
-            if step == max_steps - 1:
+            if step == max_steps - 1 and not w:
                 pick = np.arange(len(undecided))  # out of steps: commit every remaining candidate
             for j in pick:
-                span[undecided[j]] = int(cand[j])
-            undecided = [u for i, u in enumerate(undecided) if i not in set(pick.tolist())]
+                span[cands[j]] = int(cand[j])
+            picked = {cands[j] for j in pick.tolist()}
+            undecided = [u for u in undecided if u not in picked]
             step += 1
             yield Event("step", block=list(span))
             # stream the left-contiguous final prefix; stop at EOS with no mask before it
@@ -269,13 +312,17 @@ def decode(model, prompt_ids, opts: Options, cache=None):
         remaining -= budget
         if remaining <= 0:
             break
+        if reuse:  # the block's last final tokens go in with the next block's first forward
+            tail, head = span[in_cache:], []
+            continue
         # commit the finished block, fused with the first denoising step of the next one (unless that
         # step needs no forward: one-token blocks with shifted logits, i.e. autoregressive decoding)
         fuse = not (shift and B == 1)
-        out = model.run(cache, span + ([mask] * B if fuse else []), commit=B, block=block_mode)
+        nxt = (w or B) if fuse else 0
+        out = model.run(cache, span + [mask] * nxt, commit=B, block=block_mode)
         stats.forwards += 1
         carry = out[B - 1]
-        pending = out[B:] if fuse else None
+        pending = padded(out[B:]) if fuse else None
         head = []
     stats.seconds = time.perf_counter() - t0
     yield Event("done", stats=stats)

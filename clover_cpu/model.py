@@ -392,7 +392,7 @@ class Model:
     def generate(self, prompt, *, cache: Cache | None = None, **options):
         """Decode after `prompt` (text or token ids); yields clover_cpu.decode.Event objects as tokens
         become final. Options (keyword-only): max_new_tokens, temperature, top_k, top_p, seed, threshold,
-        block_length, max_steps, policy ("threshold" | "fixed"), scorer ("prob" | "margin" | "entropy"),
+        block_length, max_steps, window, reuse, policy ("threshold" | "fixed"), scorer ("prob" | "margin" | "entropy"),
         stop_at_eos. Defaults come from the file (Clover's threshold and block length). `cache` continues
         an earlier context (ending on a block boundary) and is extended in place."""
         from .decode import Options, decode

@@ -251,3 +251,108 @@ def test_cleared_cache_equals_a_fresh_one(clover):
     got = clover.run(c, [7, 8, 9, 10, 11, 12, 13, 14], commit=True, block=4)
     want = clover.run(clover.new_cache(), [7, 8, 9, 10, 11, 12, 13, 14], commit=True, block=4)
     np.testing.assert_array_equal(got, want)
+
+
+# ---- window and reuse (CPU scheduling; reuse is approximate) ----
+
+
+def reference_window_decode(model, prompt, opts):
+    """Whole-sequence recompute, each step over the block only up to its w-th masked position, whose
+    first w masked positions are the candidates (no forced commit: every step commits at least one)."""
+    c = model.config
+    B, w = c.block_length, opts.window
+    seq = list(prompt)
+    start = (len(prompt) // B) * B
+    out = []
+    while len(out) < opts.max_new_tokens:
+        head = seq[start:]
+        budget = min(B - len(head), opts.max_new_tokens - len(out))
+        block = head + [c.mask_token_id] * (B - len(head))
+        todo = list(range(len(head), len(head) + budget))
+        while todo:
+            cands = todo[:w]
+            end = cands[-1] + 1
+            logits = model.run(model.new_cache(), seq[:start] + block[:end], commit=False, block=B)[start:]
+            p = probabilities(logits[cands], 0.0)
+            cand = p.argmax(-1)
+            pick = commit_by_threshold(p[np.arange(len(cands)), cand], opts.threshold)
+            for j in pick:
+                block[cands[j]] = int(cand[j])
+            todo = [t for t in todo if t not in {cands[j] for j in pick.tolist()}]
+        out += block[len(head) : len(head) + budget]
+        seq = seq[:start] + block
+        start += B
+    return out
+
+
+@pytest.mark.parametrize("prompt_len,threshold,window,max_new", [(5, 0.3, 1, 9), (3, 0.05, 2, 13), (8, 0.2, 3, 10)])
+def test_window_decoder_equals_reference(clover, prompt_len, threshold, window, max_new):
+    prompt = list(np.random.default_rng(prompt_len).integers(5, 500, prompt_len))
+    opts = Options(max_new_tokens=max_new, threshold=threshold, window=window, stop_at_eos=False)
+    toks, stats = collect(clover, prompt, opts)
+    assert toks == reference_window_decode(clover, prompt, opts)
+    assert stats.generated_tokens == max_new
+
+
+def test_window_of_a_whole_block_is_exact_decoding(clover):
+    prompt = [7, 8, 9, 10, 11]
+    exact, _ = collect(clover, prompt, Options(max_new_tokens=10, threshold=0.3, stop_at_eos=False))
+    for w in (4, 9):  # >= the block length (4)
+        toks, _ = collect(clover, prompt, Options(max_new_tokens=10, threshold=0.3, window=w, stop_at_eos=False))
+        assert toks == exact
+
+
+def test_reuse_equals_exact_when_each_block_decides_in_one_step(clover):
+    """With every position committed in a block's first step, reuse's forwards are exact decoding's
+    fused commits ([finished block | next block's masks], commit=B), so the tokens are the same."""
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10]  # two full blocks: the first block to decode starts clean
+    o = dict(max_new_tokens=12, threshold=1e-9, stop_at_eos=False)
+    exact, s_exact = collect(clover, prompt, Options(**o))
+    reused, s_reuse = collect(clover, prompt, Options(**o, reuse=True))
+    assert reused == exact and s_reuse.forwards == s_exact.forwards == 3
+
+
+@pytest.mark.parametrize("window", [0, 1, 2])
+def test_reuse_commits_the_final_tokens_as_they_form(clover, window):
+    prompt = list(range(100, 107))
+    cache = clover.new_cache()
+    n_calls = []
+    run = clover.run
+
+    def counted(c, tokens, **kw):
+        n_calls.append((len(tokens), len(tokens) if kw["commit"] is True else int(kw["commit"])))
+        return run(c, tokens, **kw)
+
+    clover.run = counted
+    try:
+        toks, stats = collect_with_cache(clover, prompt, Options(max_new_tokens=11, threshold=0.5, window=window,
+                                                                  reuse=True, stop_at_eos=False), cache)
+    finally:
+        del clover.run
+    assert len(toks) == 11
+    full = prompt + toks
+    assert cache.tokens == full[: cache.n] and cache.n >= len(full) - clover.config.block_length
+    # no forward recomputes a committed position: the commits add up to what the cache holds
+    assert sum(c for _, c in n_calls) == cache.n
+    if window:
+        # a forward is the newly final tokens plus the block up to the window's last masked position
+        assert all(T - c <= clover.config.block_length for T, c in n_calls)
+
+
+def collect_with_cache(model, prompt, opts, cache):
+    toks, stats = [], None
+    for ev in decode(model, prompt, opts, cache=cache):
+        if ev.kind == "tokens":
+            toks += ev.tokens
+        elif ev.kind == "done":
+            stats = ev.stats
+    return toks, stats
+
+
+def test_window_and_reuse_bad_options(clover, clover_shift):
+    with pytest.raises(ValueError, match="window"):
+        list(decode(clover, [1, 2], Options(window=-1)))
+    with pytest.raises(ValueError, match="max_steps and window"):
+        list(decode(clover, [1, 2], Options(window=2, max_steps=3)))
+    with pytest.raises(ValueError, match="reuse needs a diffusion file"):
+        list(decode(clover_shift, [1, 2, 3], Options(reuse=True)))

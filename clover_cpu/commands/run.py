@@ -42,6 +42,15 @@ def add_parser(sub) -> None:
                    help="confidence needed to commit a position, in (0, 1] (default: the file's, 0.95 for Clover)")
     p.add_argument("--block-length", type=int, default=None, help="tokens per diffusion block (default: the file's)")
     p.add_argument("--max-steps", type=int, default=None, help="denoising steps per block at most (default: block length)")
+    p.add_argument("--window", type=int, default=0,
+                   help="positions per denoising forward: only the first N masked positions of the block are "
+                   "computed and can commit (0 = the whole block, default). A forward's cost grows with its "
+                   "positions on a CPU, so a small window is faster when the model commits few tokens per "
+                   "step; the output can differ from whole-block decoding")
+    p.add_argument("--reuse", action="store_true",
+                   help="approximate, faster on a CPU: a block's tokens enter the cache as soon as they and all "
+                   "before them are final, with the values computed while later positions were masks; no "
+                   "separate forward to commit each block (output can differ from exact decoding)")
     p.add_argument("--policy", choices=["threshold", "fixed"], default="threshold",
                    help="threshold: commit every confident position (Fast-dLLM/LLaDA2); fixed: LLaDA's schedule, "
                    "the block spread evenly over --max-steps steps")
@@ -66,6 +75,10 @@ def options(args) -> dict:
         raise ValueError("--block-length must be >= 1")
     if args.max_steps is not None and args.max_steps < 1:
         raise ValueError("--max-steps must be >= 1")
+    if args.window < 0:
+        raise ValueError("--window must be >= 0 (0 = the whole block)")
+    if args.window and args.max_steps is not None:
+        raise ValueError("--window and --max-steps do not combine")
     if args.temperature < 0:
         raise ValueError("--temperature must be >= 0")
     if args.top_k < 0:
@@ -76,7 +89,8 @@ def options(args) -> dict:
         raise ValueError("--threads must be >= 0")
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 seed=args.seed, threshold=args.threshold, block_length=args.block_length, max_steps=args.max_steps,
-                policy=args.policy, scorer=args.scorer, stop_at_eos=not args.ignore_eos)
+                policy=args.policy, scorer=args.scorer, stop_at_eos=not args.ignore_eos, window=args.window,
+                reuse=args.reuse)
 
 
 class Streamer:
