@@ -97,6 +97,82 @@ struct TileQ4K {
     }
 };
 
+// One token (GEMV) over q4_K: compute-bound at ~17 GB/s per thread with the tile above (its header
+// decode alone was ~20 scalar instructions per 144-byte super-block). Here: the 12-byte scale header
+// decoded with two byte shuffles and a few shifts; 64 bytes of nibbles unpacked with two ANDs and one
+// shift (sub-blocks 0 and 2 in the low nibbles, 1 and 3 in the high ones), the activations reordered
+// once per call and thread to match, with their pairwise group sums for the mins.
+struct XK4 {  // one q8_K super-block of activations, reordered for the kernel below
+    int8_t q[QK_K];  // [x0..31 x64..95 | x32..63 x96..127 | x128..159 x192..223 | x160..191 x224..255]
+    int16_t bs8[8];  // sum of x over sub-block j (32 values)
+    float d;
+};
+
+template <int RM_GEMM_FROM>
+void gemm_q4k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
+              int64_t n0, int64_t n1) {
+    if (M != 1) {
+        gemm_tiled<TileQ4K, 1, 2, RM_GEMM_FROM>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+        return;
+    }
+    const int64_t nb = K / QK_K;
+    thread_local std::vector<XK4> table;
+    table.resize(nb);
+    const block_q8_K* x = (const block_q8_K*)X;
+    for (int64_t b = 0; b < nb; b++) {
+        static const int src[8] = {0, 64, 32, 96, 128, 192, 160, 224};
+        for (int i = 0; i < 8; i++) std::memcpy(table[b].q + 32 * i, x[b].qs + src[i], 32);
+        for (int j = 0; j < 8; j++) table[b].bs8[j] = (int16_t)(x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+        table[b].d = x[b].d;
+    }
+    const __m128i idx_p = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
+    const __m128i idx_q = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
+    const __m128i shift = _mm_setr_epi32(0, 0, 0, 4);
+    const __m128i keep = _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
+    const __m128i m3 = _mm_set1_epi32(0x03030303);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i i02 = halves16(0, 2), i13 = halves16(1, 3), i46 = halves16(4, 6), i57 = halves16(5, 7);
+    const XK4* tb = table.data();
+    for (int64_t n = n0; n < n1; n++) {
+        const block_q4_K* w = (const block_q4_K*)(W + n * wrb);
+        __m512 acc = _mm512_setzero_ps();
+        __m128 acc_min = _mm_setzero_ps();
+        for (int64_t b = 0; b < nb; b++, w++) {
+            prefetch_block(w, sizeof(block_q4_K));
+            // the header: bytes 0-7 the 6-bit scales, 8-15 the mins (decode_k4_header, by lanes)
+            const __m128i h = _mm_loadu_si128((const __m128i*)w->scales);
+            const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi8(h, idx_p), shift), keep);
+            const __m128i hi = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi8(h, idx_q), 6), m3), 4);
+            const __m128i sm = _mm_or_si128(lo, hi);
+            const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
+            const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+            // d and dmin times the activations' scale
+            int d_dmin;  // the two fp16 words d, dmin
+            std::memcpy(&d_dmin, &w->d, 4);
+            const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin)), _mm_set1_ps(tb[b].d));
+            const __m512i a = _mm512_loadu_si512((const void*)w->qs), c = _mm512_loadu_si512((const void*)(w->qs + 64));
+            const int8_t* xq = tb[b].q;
+            __m512i sum = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                              _mm512_maddubs_epi16(_mm512_and_si512(a, m4), _mm512_loadu_si512(xq)),
+                                              _mm512_permutexvar_epi16(i02, sc));
+            sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4),
+                                                                _mm512_loadu_si512(xq + 64)),
+                                      _mm512_permutexvar_epi16(i13, sc));
+            sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(_mm512_and_si512(c, m4), _mm512_loadu_si512(xq + 128)),
+                                      _mm512_permutexvar_epi16(i46, sc));
+            sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(c, 4), m4),
+                                                                _mm512_loadu_si512(xq + 192)),
+                                      _mm512_permutexvar_epi16(i57, sc));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_broadcastss_ps(dd), acc);
+            const __m128i zp = _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i*)tb[b].bs8));
+            acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(zp), _mm_shuffle_ps(dd, dd, 0x55), acc_min);
+        }
+        __m128 m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
+        m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
+        Y[n] = _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
+    }
+}
+
 // ---- q6_K: weights q in 0..63 (offset 32 through the q8_K group sums), 16 int8 scales of 16 weights.
 // Half h (weights 128h..128h+127): ql[64h..64h+63] low nibbles are vectors j = 4h, 4h+1 (activations
 // x.qs[128h..128h+63]), their high nibbles j = 4h+2, 4h+3 (x.qs[128h+64..]); qh[32h..32h+31] holds
@@ -311,7 +387,7 @@ Kernels make_table() {
     // token against 14-19 GB/s with 2 or 4 rows (Q4_K: 26-31 against 20-33, noisier), and 28 against
     // 13-17 GB/s at 4 tokens; two rows win only once the tile is compute-bound (326 against 288
     // GFLOP/s at 32 tokens).
-    k.gemm_q4_K = gemm_tiled<TileQ4K, 1, 2, 16>;
+    k.gemm_q4_K = gemm_q4k<16>;
     k.gemm_q6_K = gemm_tiled<TileQ6K, 1, 2, 16>;
     // Q4_0 (more unpacking per byte) gains from two rows already at 4 tokens (1.7x the AVX2 tile
     // against 1.3x with one row, same run); Q8_0 at 4 tokens streams 25 GB/s with one row, 15 with two.
