@@ -41,6 +41,22 @@ inline __m512 fma_i32(__m512i sum, float s, __m512 acc) {
 // ---- q4_K: 8 sub-blocks of 32 with 6-bit scales and mins; step c covers sub-blocks 2c (low nibbles
 // of qs[32c..32c+31]) and 2c+1 (high nibbles), activations x.qs[64c..64c+63] ----
 
+// The 12-byte q4_K scale header as 16 bytes: the 6-bit scales (bytes 0-7) and mins (8-15); what
+// decode_k4_header computes with scalar words, here by 32-bit lanes: two byte shuffles and a few shifts.
+inline __m128i k4_header(const uint8_t* s12) {
+    const __m128i h = _mm_loadu_si128((const __m128i*)s12);  // (+ 4 bytes of the block's nibbles, unused)
+    const __m128i lo = _mm_and_si128(
+        _mm_srlv_epi32(_mm_shuffle_epi8(h, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)),
+                       _mm_setr_epi32(0, 0, 0, 4)),
+        _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_slli_epi32(
+        _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi8(h, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5,
+                                                                           6, 7)), 6),
+                      _mm_set1_epi32(0x03030303)),
+        4);
+    return _mm_or_si128(lo, hi);
+}
+
 template <int RM, int RN>
 struct TileQ4K {
     static void run(const Args& a, int64_t n, int m) {
@@ -57,9 +73,7 @@ struct TileQ4K {
             for (int r = 0; r < RM; r++) {
                 w[r] = (const block_q4_K*)(a.W + (n + r) * a.wrb) + b;
                 prefetch_block(w[r], sizeof(block_q4_K));
-                uint32_t u[4];
-                decode_k4_header(w[r]->scales, u);
-                const __m128i bytes = _mm_loadu_si128((const __m128i*)u);
+                const __m128i bytes = k4_header(w[r]->scales);
                 sc[r] = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(bytes));
                 const __m128i mn = _mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8));
                 mins[r] = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
@@ -125,11 +139,6 @@ void gemm_q4k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
         for (int j = 0; j < 8; j++) table[b].bs8[j] = (int16_t)(x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
         table[b].d = x[b].d;
     }
-    const __m128i idx_p = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
-    const __m128i idx_q = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
-    const __m128i shift = _mm_setr_epi32(0, 0, 0, 4);
-    const __m128i keep = _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
-    const __m128i m3 = _mm_set1_epi32(0x03030303);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i i02 = halves16(0, 2), i13 = halves16(1, 3), i46 = halves16(4, 6), i57 = halves16(5, 7);
     const XK4* tb = table.data();
@@ -140,10 +149,7 @@ void gemm_q4k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
         for (int64_t b = 0; b < nb; b++, w++) {
             prefetch_block(w, sizeof(block_q4_K));
             // the header: bytes 0-7 the 6-bit scales, 8-15 the mins (decode_k4_header, by lanes)
-            const __m128i h = _mm_loadu_si128((const __m128i*)w->scales);
-            const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi8(h, idx_p), shift), keep);
-            const __m128i hi = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi8(h, idx_q), 6), m3), 4);
-            const __m128i sm = _mm_or_si128(lo, hi);
+            const __m128i sm = k4_header(w->scales);
             const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
             const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
             // d and dmin times the activations' scale
