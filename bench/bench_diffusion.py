@@ -33,12 +33,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Recorder:
-    """Wraps Model.run and Model._moe: logs (positions, committed, context) per forward and the
-    distinct experts each MoE layer touched."""
+    """Wraps Model.run, Model.logits and Model._moe: logs (positions, committed, context, rows of
+    the output head) per forward and the distinct experts each MoE layer touched; the time of an output
+    head applied after a run (the decoder computes only the rows it needs) counts to that run."""
 
     def __init__(self, model):
         self.model, self.calls, self._experts = model, [], []
-        run, moe = model.run, model._moe
+        run, moe, head = model.run, model._moe, model.logits
 
         def logged_run(cache, tokens, *, commit, block=None, logits=True):
             self._experts = []
@@ -48,7 +49,16 @@ class Recorder:
             dt = time.perf_counter() - t0
             T = len(tokens)
             self.calls.append({"T": T, "commit": T if commit is True else int(commit), "n": n0, "seconds": dt,
+                               "rows": T if logits else 0,
                                "experts": statistics.mean(self._experts) if self._experts else 0.0})
+            return out
+
+        def logged_head(h):
+            t0 = time.perf_counter()
+            out = head(h)
+            if self.calls:
+                self.calls[-1]["seconds"] += time.perf_counter() - t0
+                self.calls[-1]["rows"] += len(h)
             return out
 
         def logged_moe(L, x):
@@ -56,7 +66,7 @@ class Recorder:
             self._experts.append(int(model.last_experts_used))
             return out
 
-        model.run, model._moe = logged_run, logged_moe
+        model.run, model._moe, model.logits = logged_run, logged_moe, logged_head
 
 
 def load_eval_prompts(model, n: int):
@@ -86,8 +96,9 @@ def record(args) -> int:
         ids = m.tokenize(p)
         out = m.generate_text(ids, max_new_tokens=args.new, threshold=args.threshold, **mode)
         traces.append({"prompt_tokens": len(ids), "generated": out["generated_tokens"],
-                       "forwards": [{"T": c["T"], "commit": c["commit"], "n": c["n"]} for c in rec.calls]})
-        del m.run, m._moe  # the class methods again
+                       "forwards": [{"T": c["T"], "commit": c["commit"], "n": c["n"], "rows": c["rows"]}
+                                    for c in rec.calls]})
+        del m.run, m._moe, m.logits  # the class methods again
         if args.window or args.reuse:  # agreement with exact (whole-block) decoding of the same prompt
             exact = m.generate_text(ids, max_new_tokens=args.new, threshold=args.threshold)["token_ids"]
             got = out["token_ids"]
@@ -139,7 +150,10 @@ def replay(args) -> int:
     for t in traces:
         c = m.new_cache()
         for i, f in enumerate(t["forwards"]):
-            m.run(c, toks(f["T"]), commit=f["commit"], block=B, logits=True)
+            h = m.run(c, toks(f["T"]), commit=f["commit"], block=B, logits=False)
+            rows = f.get("rows", f["T"])  # (traces recorded before the decoder chose its rows: all of them)
+            if rows:
+                m.logits(np.ascontiguousarray(h[:rows]))
             call = rec.calls[-1]
             if i == 0 and t["prompt_tokens"] >= B and f["commit"] == f["T"]:
                 diff["prefill_seconds"] += call["seconds"]
