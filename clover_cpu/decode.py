@@ -215,7 +215,8 @@ def decode(model, prompt_ids, opts: Options, cache=None):
         step = max(B, PREFILL_CHUNK // B * B)
         for s0 in range(0, n_full, step):
             h = model.run(cache, prompt[s0 : min(s0 + step, n_full)], commit=True, block=block_mode, logits=False)
-        carry = model.logits(h[-1:])[0]  # only the last position's logits are ever used
+        if shift:  # only the last position's logits are ever used, and only with shifted logits
+            carry = model.logits(h[-1:])[0]
     stats.prefill_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     head = prompt[n_full:]
@@ -238,23 +239,23 @@ def decode(model, prompt_ids, opts: Options, cache=None):
         raise ValueError("reuse needs a diffusion file (unshifted logits); autoregressive files decode exactly")
     tail: list[int] = []  # final tokens of the previous block not yet in the caches (reuse)
 
-    def padded(logits: np.ndarray) -> np.ndarray:  # a window's logits as B rows (the rest never read)
-        if len(logits) == B:
-            return logits
-        return np.concatenate([logits, np.zeros((B - len(logits), logits.shape[1]), logits.dtype)])
-
     V = c.vocab_size
 
-    def run(tokens, commit, cands, first=0):
-        """model.run with the output head only on the rows that predict the block positions `cands`
-        (row r holds block position first + r): [len(tokens), V] logits, zero in every other row. The
-        head is a large share of a forward (248K x 2048 on Clover-35B): a step never needs the rows of
-        positions already decided, nor the committed half of a fused commit forward."""
+    def predict(tokens, commit, cands, first=0):
+        """model.run over `tokens` (token row r is block position first + r) with the output head only
+        on the rows that predict the block positions `cands`: their logits, one row per candidate. With
+        shifted logits position u is predicted by the row before it, and the row before the span is
+        `carry`. The head is a large share of a forward (248K x 2048 on Clover-35B): a step never needs
+        the rows of positions already decided, nor those of the committed half of a fused commit."""
         h = model.run(cache, tokens, commit=commit, block=block_mode, logits=False)
-        rows = [u - first - (1 if shift else 0) for u in cands if not (shift and u == first)]
-        out = np.zeros((len(tokens), V), np.float32)
-        if rows:
-            out[rows] = model.logits(np.ascontiguousarray(h[rows]))
+        rows = [u - first - (1 if shift else 0) for u in cands]
+        out = np.empty((len(cands), V), np.float32)
+        inside = [i for i, r in enumerate(rows) if r >= 0]
+        if inside:
+            out[inside] = model.logits(np.ascontiguousarray(h[[rows[i] for i in inside]]))
+        for i, r in enumerate(rows):
+            if r < 0:
+                out[i] = carry
         return out
 
     remaining = opts.max_new_tokens
@@ -268,30 +269,21 @@ def decode(model, prompt_ids, opts: Options, cache=None):
         in_cache = 0  # block positions committed to the caches (reuse)
         step = 0
         while undecided and (step < max_steps or w or reuse):
-            if reuse:
-                f = undecided[0]  # the final prefix ends here
-                end = (undecided[:w] if w else undecided)[-1] + 1
-                new_final = tail + span[in_cache:f]
-                out = run(new_final + span[f:end], len(new_final), undecided[:w] if w else undecided,
-                          f - len(new_final))
-                stats.forwards += 1
-                logits = np.zeros((B, V), np.float32)
-                logits[f:end] = out[len(new_final):]
-                in_cache, tail = f, []
-            elif pending is not None:
-                logits, pending = pending, None
-            elif shift and undecided == [0]:
-                logits = np.zeros((B, c.vocab_size), np.float32)  # position 0 is predicted by `carry` alone
-            elif w:
-                last = undecided[min(w, len(undecided)) - 1]
-                logits = padded(run(span[: max(1, last + (0 if shift else 1))], False, undecided[:w]))
-                stats.forwards += 1
-            else:
-                logits = run(span, False, undecided)
-                stats.forwards += 1
-            pred = _predicting_rows(logits, carry, shift)
             cands = undecided[:w] if w else undecided
-            rows = pred[cands]
+            if pending is not None:  # from the fused commit: this block's first positions
+                rows, pending = pending[: len(cands)], None
+            elif reuse:
+                f = undecided[0]  # the final prefix ends here
+                new_final = tail + span[in_cache:f]
+                rows = predict(new_final + span[f : cands[-1] + 1], len(new_final), cands, f - len(new_final))
+                stats.forwards += 1
+                in_cache, tail = f, []
+            elif shift and cands == [0]:
+                rows = carry[None]  # position 0 is predicted by `carry` alone: no forward
+            else:
+                end = cands[-1] + (0 if shift else 1) if w else B
+                rows = predict(span[: max(1, end)], False, cands)
+                stats.forwards += 1
             p = probabilities(rows, opts.temperature, opts.top_k, opts.top_p)
             cand = choose(p, opts.temperature, rng)
             conf = confidence(p, cand, opts.scorer)
@@ -333,20 +325,13 @@ def decode(model, prompt_ids, opts: Options, cache=None):
         # step needs no forward: one-token blocks with shifted logits, i.e. autoregressive decoding)
         fuse = not (shift and B == 1)
         nxt = (w or B) if fuse else 0
-        # rows: the next block's first positions (and, with shifted logits, the carry from this block's last)
-        out = run(span + [mask] * nxt, B, list(range(B, B + nxt)) or [B])
+        # logits for the next block's first step (for one-token AR blocks, only what predicts position 0)
+        out = predict(span + [mask] * nxt, B, list(range(nxt)) or [0], -B)
         stats.forwards += 1
-        carry = out[B - 1]
-        pending = padded(out[B:]) if fuse else None
+        if shift:
+            carry = out[0]  # the block's last row: it predicts the next block's position 0
+        pending = out if fuse else None
         head = []
     stats.seconds = time.perf_counter() - t0
     yield Event("done", stats=stats)
 
-
-def _predicting_rows(logits: np.ndarray, carry: np.ndarray | None, shift: bool) -> np.ndarray:
-    """Row j predicts block position j: logits[j], or with shifted logits the row before it (the last
-    committed position's logits for j = 0)."""
-    if not shift:
-        return logits
-    first = carry if carry is not None else np.zeros_like(logits[0])
-    return np.concatenate([first[None], logits[:-1]])

@@ -67,10 +67,14 @@ def clover(tmp_path_factory):
 
 
 def reference_decode(model, prompt, opts):
-    """Obviously correct and slow: every step recomputes the whole sequence from scratch."""
+    """Obviously correct and slow: every step recomputes the whole sequence from scratch. With a window
+    w (unshifted logits), a step computes the block only up to its w-th masked position and those w are
+    the candidates, with no step limit (every step commits at least one)."""
     c = model.config
     B = opts.block_length or c.block_length
     thr = opts.threshold if opts.threshold is not None else c.threshold
+    w = opts.window if 0 < opts.window < B else 0
+    steps = opts.max_steps or B
     seq = list(prompt)
     start = (len(prompt) // B) * B
     out = []
@@ -79,22 +83,25 @@ def reference_decode(model, prompt, opts):
         budget = min(B - len(head), opts.max_new_tokens - len(out))
         block = head + [c.mask_token_id] * (B - len(head))
         todo = list(range(len(head), len(head) + budget))
-        for step in range(opts.max_steps or B):
-            if not todo:
-                break
-            full = model.run(model.new_cache(), seq[:start] + block, commit=False, block=B)
+        step = 0
+        while todo and (w or step < steps):
+            cands = todo[:w] if w else todo
+            end = cands[-1] + 1 if w else B
+            full = model.run(model.new_cache(), seq[:start] + block[:end], commit=False, block=B)
             # row j predicts block position j (or, with shifted logits, the row before it does)
             if c.shift_logits:  # position 0 of the first block is always prompt when start == 0
                 logits = np.concatenate([full[start - 1 : start] if start else full[:1] * 0, full[start : start + B - 1]])
             else:
                 logits = full[start:]
-            p = probabilities(logits[todo], 0.0)
+            p = probabilities(logits[cands], 0.0)
             cand = p.argmax(-1)
-            conf = p[np.arange(len(todo)), cand]
-            pick = commit_by_threshold(conf, thr) if step < (opts.max_steps or B) - 1 else np.arange(len(todo))
+            conf = p[np.arange(len(cands)), cand]
+            pick = commit_by_threshold(conf, thr) if w or step < steps - 1 else np.arange(len(cands))
             for j in pick:
-                block[todo[j]] = int(cand[j])
-            todo = [t for i, t in enumerate(todo) if i not in set(pick.tolist())]
+                block[cands[j]] = int(cand[j])
+            picked = {cands[j] for j in pick.tolist()}
+            todo = [t for t in todo if t not in picked]
+            step += 1
         new = block[len(head) : len(head) + budget]
         if c.eos_token_id in new:
             out += new[: new.index(c.eos_token_id)]
@@ -256,41 +263,12 @@ def test_cleared_cache_equals_a_fresh_one(clover):
 # ---- window and reuse (CPU scheduling; reuse is approximate) ----
 
 
-def reference_window_decode(model, prompt, opts):
-    """Whole-sequence recompute, each step over the block only up to its w-th masked position, whose
-    first w masked positions are the candidates (no forced commit: every step commits at least one)."""
-    c = model.config
-    B, w = c.block_length, opts.window
-    seq = list(prompt)
-    start = (len(prompt) // B) * B
-    out = []
-    while len(out) < opts.max_new_tokens:
-        head = seq[start:]
-        budget = min(B - len(head), opts.max_new_tokens - len(out))
-        block = head + [c.mask_token_id] * (B - len(head))
-        todo = list(range(len(head), len(head) + budget))
-        while todo:
-            cands = todo[:w]
-            end = cands[-1] + 1
-            logits = model.run(model.new_cache(), seq[:start] + block[:end], commit=False, block=B)[start:]
-            p = probabilities(logits[cands], 0.0)
-            cand = p.argmax(-1)
-            pick = commit_by_threshold(p[np.arange(len(cands)), cand], opts.threshold)
-            for j in pick:
-                block[cands[j]] = int(cand[j])
-            todo = [t for t in todo if t not in {cands[j] for j in pick.tolist()}]
-        out += block[len(head) : len(head) + budget]
-        seq = seq[:start] + block
-        start += B
-    return out
-
-
 @pytest.mark.parametrize("prompt_len,threshold,window,max_new", [(5, 0.3, 1, 9), (3, 0.05, 2, 13), (8, 0.2, 3, 10)])
 def test_window_decoder_equals_reference(clover, prompt_len, threshold, window, max_new):
     prompt = list(np.random.default_rng(prompt_len).integers(5, 500, prompt_len))
     opts = Options(max_new_tokens=max_new, threshold=threshold, window=window, stop_at_eos=False)
     toks, stats = collect(clover, prompt, opts)
-    assert toks == reference_window_decode(clover, prompt, opts)
+    assert toks == reference_decode(clover, prompt, opts)
     assert stats.generated_tokens == max_new
 
 
