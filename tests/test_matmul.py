@@ -133,6 +133,24 @@ def test_large_m_and_n(rng):
     check_close(kernels.matmul(x, q, "q4_0"), x.astype(np.float64) @ wd.T, 3e-2, "q4_0 M=512")
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_kquant_tiles_span_row_chunks_and_token_groups(fmt, rng):
+    # K = 16384: a weight row is 9-13 KB, so within one thread's task (130 rows over 4 tasks) the
+    # AVX-512 tiles walk the rows in several L2-sized chunks; 19 tokens are two groups of 8 and 3.
+    if not SIMD_ISAS:
+        pytest.skip("no SIMD path on this machine")
+    q, _ = make(rng, fmt, 130, 16384)
+    x = rng.standard_normal((19, 16384)).astype(np.float32)
+    ref = kernels.matmul(x, q, fmt, isa="ref")
+    before = clover_cpu.system_info()["threads"]
+    try:
+        clover_cpu.set_num_threads(1)
+        for isa in SIMD_ISAS:
+            check_close(kernels.matmul(x, q, fmt, isa=isa), ref, TOL_VS_REF, f"{fmt} {isa} 130x16384 M=19")
+    finally:
+        clover_cpu.set_num_threads(before)
+
+
 def test_empty_inputs(rng):
     q, _ = make(rng, "q4_k", 4, 256)
     assert kernels.matmul(np.zeros((0, 256), np.float32), q, "q4_k").shape == (0, 4)
