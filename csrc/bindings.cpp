@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,10 @@
 #include "ops.h"
 #include "quants.h"
 #include "threadpool.h"
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace py = pybind11;
 using namespace clover;
@@ -322,7 +327,27 @@ py::dict py_system_info() {
 
 }  // namespace
 
+namespace {
+
+// A forward allocates and frees its activations (numpy arrays of 0.1-30 MB) on every call. With
+// glibc's defaults, once the process has run a small forward, every larger one gets fresh pages
+// from the kernel and returns them when it ends (mmap'd chunks, heap trimming): measured on the
+// bench twin, a 128-token prefill ran at 67-72 tok/s after an 8-token one, against 94-101 without
+// it. Fixed thresholds keep such buffers in the heap for reuse. Set at import, unless the user set
+// glibc's own variables.
+void tune_allocator() {
+#if defined(__GLIBC__)
+    if (std::getenv("MALLOC_MMAP_THRESHOLD_") || std::getenv("MALLOC_TRIM_THRESHOLD_") || std::getenv("MALLOC_TOP_PAD_"))
+        return;
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_core, m) {
+    tune_allocator();
     m.doc() = "clover-cpu kernels: GGUF block formats, quantized matrix products, mixture of experts";
     m.def("system_info", &py_system_info, "ISA path, thread count and CPU features");
     m.def(
