@@ -80,7 +80,7 @@ inline __m128i k4_header(const uint8_t* s12) {
 // 319, the scales in float (no vpmaddwd) 355.
 
 struct alignas(64) XK4L {
-    int8_t q[QK_K];  // q[64c + 4L + i] = x[32 (L / 2) + 16 (L % 2) + 4c + i]
+    int8_t q[QK_K];  // q[64c + 4L + i] = x[16L + 4c + i]
     float bm[8];     // d * (sum of x over sub-block j)
     float d;
     float pad[7];
@@ -92,11 +92,23 @@ struct alignas(64) XK6L {
     float pad[15];
 };
 
+// 256 activation bytes into the lane order: dst vector c, lane L = source dword idx0[L] + c, where
+// idx0[L] < 32 for L < 8 and >= 32 for L >= 8 (two dword permutes and a blend per vector).
+inline void gather_dwords(const int8_t* src, int8_t* dst, __m512i idx) {
+    const __m512i x0 = _mm512_loadu_si512((const void*)src), x1 = _mm512_loadu_si512((const void*)(src + 64));
+    const __m512i x2 = _mm512_loadu_si512((const void*)(src + 128)), x3 = _mm512_loadu_si512((const void*)(src + 192));
+    for (int c = 0; c < 4; c++) {
+        const __m512i v = _mm512_mask_blend_epi32(0xff00, _mm512_permutex2var_epi32(x0, idx, x1),
+                                                  _mm512_permutex2var_epi32(x2, idx, x3));
+        _mm512_store_si512((void*)(dst + 64 * c), v);
+        idx = _mm512_add_epi32(idx, _mm512_set1_epi32(1));
+    }
+}
+
 struct KindQ4K {
     using X = XK4L;
     static void reorder(const block_q8_K& x, X* out) {
-        for (int c = 0; c < 4; c++)
-            for (int L = 0; L < 16; L++) std::memcpy(out->q + 64 * c + 4 * L, x.qs + 32 * (L / 2) + 16 * (L % 2) + 4 * c, 4);
+        gather_dwords(x.qs, out->q, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60));
         for (int j = 0; j < 8; j++) out->bm[j] = x.d * (float)(x.bsums[2 * j] + x.bsums[2 * j + 1]);
         out->d = x.d;
     }
@@ -142,8 +154,7 @@ struct KindQ4K {
 struct KindQ6K {
     using X = XK6L;
     static void reorder(const block_q8_K& x, X* out) {
-        for (int c = 0; c < 4; c++)
-            for (int L = 0; L < 16; L++) std::memcpy(out->q + 64 * c + 4 * L, x.qs + 16 * L + 4 * c, 4);
+        gather_dwords(x.qs, out->q, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60));
         for (int L = 0; L < 16; L++) out->bs32[L] = -32 * x.bsums[L];
         out->d = x.d;
     }
