@@ -34,6 +34,16 @@ inline __m512i quarter_index(short i0) {
         _mm256_set_m128i(_mm_set1_epi16(i0 + 3), _mm_set1_epi16(i0 + 2)), 1);
 }
 
+// [a | b] (AVX512F only: the DQ forms are not in the required set)
+inline __m512 join8(__m256 a, __m256 b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
+}
+inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 // float acc += (float)sum * s
 inline __m512 fma_i32(__m512i sum, float s, __m512 acc) {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(s), acc);
@@ -107,6 +117,7 @@ inline void gather_dwords(const int8_t* src, int8_t* dst, __m512i idx) {
 
 struct KindQ4K {
     using X = XK4L;
+    static constexpr int GROUP = 12;
     static void reorder(const block_q8_K& x, X* out) {
         gather_dwords(x.qs, out->q, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60));
         for (int j = 0; j < 8; j++) out->bm[j] = x.d * (float)(x.bsums[2 * j] + x.bsums[2 * j + 1]);
@@ -119,10 +130,14 @@ struct KindQ4K {
         const __m512i idx0 = _mm512_setr_epi32(0, 4, 0, 4, 8, 12, 8, 12, 16, 20, 16, 20, 24, 28, 24, 28);
         const __m512i shift = _mm512_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4);
         const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f), one = _mm512_set1_epi32(1);
-        const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        const __m128i dup8 = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+        const __m128i mdup8 = _mm_setr_epi8(8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        const __m512i odd = _mm512_add_epi32(even, one), zero = _mm512_setzero_si512();
         const block_q4_K* w = (const block_q4_K*)row;
-        __m512 acc[RN];
-        for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
+        constexpr int NP = (RN + 1) / 2;
+        __m512 acc[NP];
+        for (int p = 0; p < NP; p++) acc[p] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++, w++) {
             prefetch_block(w, sizeof(block_q4_K));
             const __m128i hdr = k4_header(w->scales);
@@ -137,22 +152,43 @@ struct KindQ4K {
                 for (int t = 0; t < RN; t++)
                     v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_loadu_si512((const void*)(x[t * nb + b].q + 64 * c)));
             }
-            const __m512 sd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(hdr, dup))),
+            // Lanes 2j and 2j + 1 hold sub-block j: each token's sums fold to 8 lanes, two tokens per
+            // register, so the float work per token is half a conversion and two half multiply-adds.
+            // sd: d * scale j in lanes j and 8 + j; mins: -dmin * min j likewise.
+            const __m512 sd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(hdr, dup8))),
                                             _mm512_set1_ps(half(w->d)));
-            const __m256 mins8 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hdr, 8)));
-            const __m512 mins = _mm512_zextps256_ps512(_mm256_mul_ps(mins8, _mm256_set1_ps(-half(w->dmin))));
-            for (int t = 0; t < RN; t++) {
-                const X& xt = x[t * nb + b];
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[t]), _mm512_mul_ps(sd, _mm512_set1_ps(xt.d)), acc[t]);
-                acc[t] = _mm512_fmadd_ps(mins, _mm512_zextps256_ps512(_mm256_loadu_ps(xt.bm)), acc[t]);
+            const __m512 mins = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(hdr, mdup8))), _mm512_set1_ps(-half(w->dmin)));
+            for (int p = 0; p < NP; p++) {
+                const int t0 = 2 * p, t1 = 2 * p + 1;
+                const X& x0 = x[t0 * nb + b];
+                if (t1 < RN) {
+                    const X& x1 = x[t1 * nb + b];
+                    const __m512i u = _mm512_add_epi32(_mm512_permutex2var_epi32(v[t0], even, v[t1]),
+                                                       _mm512_permutex2var_epi32(v[t0], odd, v[t1]));
+                    const __m512 dx = _mm512_shuffle_f32x4(_mm512_set1_ps(x0.d), _mm512_set1_ps(x1.d), 0x44);
+                    const __m512 bm = join8(_mm256_loadu_ps(x0.bm), _mm256_loadu_ps(x1.bm));
+                    acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_mul_ps(sd, dx), acc[p]);
+                    acc[p] = _mm512_fmadd_ps(mins, bm, acc[p]);
+                } else {  // an odd token count: the last token alone, lanes 8-15 stay zero
+                    const __m512i u = _mm512_add_epi32(_mm512_permutex2var_epi32(v[t0], even, zero),
+                                                       _mm512_permutex2var_epi32(v[t0], odd, zero));
+                    const __m512 bm = _mm512_zextps256_ps512(_mm256_loadu_ps(x0.bm));
+                    acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_mul_ps(sd, _mm512_set1_ps(x0.d)), acc[p]);
+                    acc[p] = _mm512_fmadd_ps(mins, bm, acc[p]);
+                }
             }
         }
-        for (int t = 0; t < RN; t++) Y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
+        for (int p = 0; p < NP; p++) {
+            Y[2 * p * ldy] = hsum8(_mm512_castps512_ps256(acc[p]));
+            if (2 * p + 1 < RN) Y[(2 * p + 1) * ldy] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1)));
+        }
     }
 };
 
 struct KindQ6K {
     using X = XK6L;
+    static constexpr int GROUP = 8;
     static void reorder(const block_q8_K& x, X* out) {
         gather_dwords(x.qs, out->q, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60));
         for (int L = 0; L < 16; L++) out->bs32[L] = -32 * x.bsums[L];
@@ -211,12 +247,16 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
     const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
         const int64_t c1 = std::min(n1, c0 + chunk);
-        for (int m = 0; m < M; m += 8) {
+        for (int m = 0; m < M; m += Kind::GROUP) {
             const XT* x = xt.data() + m * nb;
             for (int64_t n = c0; n < c1; n++) {
                 const uint8_t* w = W + n * wrb;
                 float* y = Y + m * ldy + n;
-                switch (std::min(8, M - m)) {
+                switch (std::min(Kind::GROUP, M - m)) {
+                    case 12: Kind::template tile<12>(w, x, nb, y, ldy); break;
+                    case 11: Kind::template tile<11>(w, x, nb, y, ldy); break;
+                    case 10: Kind::template tile<10>(w, x, nb, y, ldy); break;
+                    case 9: Kind::template tile<9>(w, x, nb, y, ldy); break;
                     case 8: Kind::template tile<8>(w, x, nb, y, ldy); break;
                     case 7: Kind::template tile<7>(w, x, nb, y, ldy); break;
                     case 6: Kind::template tile<6>(w, x, nb, y, ldy); break;
