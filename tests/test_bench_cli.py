@@ -21,6 +21,24 @@ def test_bench_tiny_clover_only(tmp_path):
     assert set(tps) == {"pp1", "pp8", "tg"} and all(v > 0 for v in tps.values())
     assert d["results"]["clover"]["peak_rss_gb"] > 0 and d["threads"] == 1
     assert (tmp_path / "tiny-qwen35moe-q4_k_m.gguf").exists()  # built once, reused by the next run
+    roof = d["tg_roofline"]
+    assert "tg roofline" in r.stdout and len(roof["read_bandwidth_gbps"]) == 2 and min(roof["read_bandwidth_gbps"]) > 0
+    assert roof["tg_roofline_tps"] > 0 and roof["clover_tg_share"] == tps["tg"] / roof["tg_roofline_tps"]
+
+
+def test_weight_bytes_per_token_counts_used_experts_only(tmp_path):
+    # against the gguf package's own reader: all tensors but the embedding, routed experts at k / E
+    import gguf
+
+    from clover_cpu.commands.bench import build_model, weight_bytes_per_token
+
+    path = build_model(tmp_path, "tiny", lambda s: None)
+    r = gguf.GGUFReader(path)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    E = int(r.fields[f"{arch}.expert_count"].parts[-1][0])
+    k = int(r.fields[f"{arch}.expert_used_count"].parts[-1][0])
+    want = sum(t.n_bytes * (k / E if "_exps." in t.name else 1) for t in r.tensors if t.name != "token_embd.weight")
+    assert 0 < k < E and weight_bytes_per_token(path) == int(want)
 
 
 def test_bench_refuses_bad_options(tmp_path):

@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
         "clover-cpu / llama.cpp and writes JSON. Without -m, builds (once, in --workdir) the random-weight "
         "benchmark model: the Clover-35B shape with 32 experts, Q4_K_M, about 4 GB (it needs ~17 GB of disk "
         "while building). llama.cpp comes from llama-cpp-python, found in this Python or in --llama-python "
-        "(bench/setup_peers.sh builds one in .venv-peers).",
+        "(bench/setup_peers.sh builds one in .venv-peers). With tg, also measures the read bandwidth around the "
+        "runs and reports tg against its roofline (the weight bytes one token reads).",
         epilog="examples: clover-cpu bench | clover-cpu bench -m model.gguf --tests pp32,tg --threads 4",
     )
     p.add_argument("-m", "--model", help="a qwen35moe GGUF (default: build the benchmark model in --workdir)")
@@ -87,6 +88,53 @@ def run_worker(python: str, engine: str, model: Path, args, threads: int) -> dic
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def weight_bytes_per_token(path: Path) -> int:
+    """Weight bytes an autoregressive step reads: every tensor but the embedding table (one row per
+    token), the routed experts' tensors scaled by experts used / experts."""
+    from clover_cpu.gguf_file import GGUFFile
+
+    with GGUFFile(path) as f:
+        arch = f.kv.get("general.architecture", "")
+        n_exp, k_exp = f.kv.get(f"{arch}.expert_count", 0), f.kv.get(f"{arch}.expert_used_count", 0)
+        total = 0.0
+        for t in f.tensors.values():
+            if t.name == "token_embd.weight":
+                continue
+            total += t.nbytes * (k_exp / n_exp if n_exp and "_exps." in t.name else 1)
+    return int(total)
+
+
+def read_bandwidth_gbps(threads: int, size_mb: int = 1024, reps: int = 3) -> float:
+    """Read bandwidth of this machine now: a numpy max over a float32 array far bigger than the LLC, in
+    `threads` slices at once (numpy releases the GIL), best of `reps`."""
+    import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = np.ones((size_mb << 20) // 4, np.float32)
+    parts = np.array_split(a, threads)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(np.max, parts))
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            list(pool.map(np.max, parts))
+            best = min(best, time.perf_counter() - t)
+    return a.nbytes / best / 1e9
+
+
+def roofline(results: dict, bytes_per_token: int, bandwidth: list[float]) -> dict:
+    """tg against the read-bandwidth roofline: the tokens/s the measured bandwidth allows for the
+    weight bytes a token reads, and each engine's share of it."""
+    bw = max(bandwidth)
+    out = {"weight_bytes_per_token": bytes_per_token, "read_bandwidth_gbps": bandwidth,
+           "tg_roofline_tps": bw * 1e9 / bytes_per_token}
+    for name, r in results.items():
+        tg = r["tokens_per_second"].get("tg")
+        if tg:
+            out[f"{name}_tg_share"] = tg / out["tg_roofline_tps"]
+    return out
+
+
 def table(results: dict, tests: list[str]) -> str:
     c, l = results.get("clover"), results.get("llama")
     lines = [f"{'test':8s} {'llama.cpp':>12s} {'clover-cpu':>12s} {'ratio':>7s}"]
@@ -130,10 +178,22 @@ def main(args: argparse.Namespace) -> int:
                          "(llama.cpp runs no clover files)")
     results = {}
     log(f"{model} ({model.stat().st_size / 1e9:.2f} GB), {threads} threads, tests {','.join(tests)}")
+    bandwidth = [read_bandwidth_gbps(threads)] if "tg" in tests else []
     results["clover"] = run_worker(sys.executable, "clover", model.resolve(), args, threads)
     if llama_py:
+        if bandwidth:
+            bandwidth.append(read_bandwidth_gbps(threads))
         results["llama"] = run_worker(llama_py, "llama", model.resolve(), args, threads)
     print(table(results, tests))
+    roof = None
+    if bandwidth:
+        bandwidth.append(read_bandwidth_gbps(threads))
+        roof = roofline(results, weight_bytes_per_token(model), bandwidth)
+        shares = ", ".join(f"{'llama.cpp' if k.startswith('llama') else 'clover-cpu'} {v:.2f}"
+                           for k, v in roof.items() if k.endswith("_tg_share"))
+        print(f"tg roofline: {roof['weight_bytes_per_token'] / 1e9:.2f} GB of weights per token at "
+              f"{max(bandwidth):.1f} GB/s read bandwidth (measured {', '.join(f'{b:.1f}' for b in bandwidth)} "
+              f"around the runs) = {roof['tg_roofline_tps']:.1f} t/s; share reached: {shares}")
     out = Path(args.json_out) if args.json_out else workdir / "bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     ratios = {}
@@ -142,6 +202,6 @@ def main(args: argparse.Namespace) -> int:
             ratios[t] = results["clover"]["tokens_per_second"][t] / results["llama"]["tokens_per_second"][t]
         ratios["peak_rss"] = results["clover"]["peak_rss_gb"] / results["llama"]["peak_rss_gb"]
     out.write_text(json.dumps({"model": str(model), "threads": threads, "date": time.strftime("%Y-%m-%d %H:%M"),
-                               "results": results, "ratios": ratios}, indent=1))
+                               "results": results, "ratios": ratios, "tg_roofline": roof}, indent=1))
     log(f"wrote {out}")
     return 0
