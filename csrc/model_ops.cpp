@@ -191,11 +191,15 @@ const ModelKernels* model_kernels_avx2() { return nullptr; }
 #if !defined(CLOVER_HAVE_NEON)
 const ModelKernels* model_kernels_neon() { return nullptr; }
 #endif
+#if !defined(CLOVER_HAVE_AVX512)
+const ModelKernels* model_kernels_avx512() { return nullptr; }
+#endif
 
 const ModelKernels& model_kernels_ref() { return REF; }
 
 const ModelKernels& model_kernels_of(const Kernels& kr) {
-    const ModelKernels* t = std::strcmp(kr.family, "avx2") == 0   ? model_kernels_avx2()
+    const ModelKernels* t = std::strcmp(kr.isa, "avx512") == 0 && model_kernels_avx512() ? model_kernels_avx512()
+                            : std::strcmp(kr.family, "avx2") == 0   ? model_kernels_avx2()
                             : std::strcmp(kr.family, "neon") == 0 ? model_kernels_neon()
                                                                   : nullptr;
     return t ? *t : REF;

@@ -84,6 +84,7 @@ inline float* aligned_floats(std::vector<float>& buf, size_t n) {
 const ModelKernels& model_kernels_ref();
 const ModelKernels* model_kernels_avx2();  // null in builds without the AVX2 file
 const ModelKernels* model_kernels_neon();  // null in builds without the NEON file
+const ModelKernels* model_kernels_avx512();  // AVX2's with an AVX-512 gated delta rule; null without the file
 // The table for an ISA name ("ref", "avx2", "neon"); throws std::invalid_argument
 // when the ISA is not available. The active table follows dispatch.h's active ISA.
 const ModelKernels& model_kernels_for(const std::string& isa);
