@@ -89,11 +89,10 @@ inline __m128i k4_header(const uint8_t* s12) {
 // runs: q4_K 220 -> 355 GFLOP/s, q6_K 225 -> 363. Steps (q4_K): the lane layout 271, the loop order
 // 319, the scales in float (no vpmaddwd) 355.
 
-struct alignas(64) XK4L {
-    int8_t q[QK_K];  // q[64c + 4L + i] = x[16L + 4c + i]
-    float bm[8];     // d * (sum of x over sub-block j)
-    float d;
-    float pad[7];
+struct alignas(64) XK4P {  // one super-block of two tokens (the second all zero past the last token)
+    int8_t q[2][QK_K];  // q[i][64c + 4L + j] = token i's x[16L + 4c + j]
+    float dx[16];       // lanes 0-7: token 0's d, 8-15: token 1's
+    float bm[16];       // lanes j and 8 + j: d * (sum of x over sub-block j) of token 0 and 1
 };
 struct alignas(64) XK6L {
     int8_t q[QK_K];    // q[64c + 4L + i] = x[16L + 4c + i]
@@ -116,14 +115,26 @@ inline void gather_dwords(const int8_t* src, int8_t* dst, __m512i idx) {
 }
 
 struct KindQ4K {
-    using X = XK4L;
+    using X = XK4P;
     static constexpr int GROUP = 12;
-    static void reorder(const block_q8_K& x, X* out) {
-        gather_dwords(x.qs, out->q, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60));
-        for (int j = 0; j < 8; j++) out->bm[j] = x.d * (float)(x.bsums[2 * j] + x.bsums[2 * j + 1]);
-        out->d = x.d;
+    static constexpr int TOKENS_PER_ENTRY = 2;
+    // tokens x[0] and, unless null, x[1]
+    static void reorder(const block_q8_K* const* x, X* out) {
+        const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
+        for (int i = 0; i < 2; i++) {
+            if (!x[i]) {
+                std::memset(out->q[i], 0, QK_K);
+                for (int j = 0; j < 8; j++) out->dx[8 * i + j] = out->bm[8 * i + j] = 0.f;
+                continue;
+            }
+            gather_dwords(x[i]->qs, out->q[i], idx);
+            for (int j = 0; j < 8; j++) {
+                out->dx[8 * i + j] = x[i]->d;
+                out->bm[8 * i + j] = x[i]->d * (float)(x[i]->bsums[2 * j] + x[i]->bsums[2 * j + 1]);
+            }
+        }
     }
-    // One weight row against RN tokens (x[t * nb + b]) -> Y[t * ldy].
+    // One weight row against RN tokens (token t: x[t / 2 * nb + b].q[t % 2]) -> Y[t * ldy].
     template <int RN>
     static void tile(const uint8_t* row, const X* x, int64_t nb, float* Y, int64_t ldy) {
         // dword index of lane L in vector c: 8 (L / 4) + 4 (L % 2) + c; nibble shift 4 ((L / 2) % 2)
@@ -150,7 +161,7 @@ struct KindQ4K {
                 const __m512i q = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutex2var_epi32(lo, idx, hi), shift), m4);
                 idx = _mm512_add_epi32(idx, one);
                 for (int t = 0; t < RN; t++)
-                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_loadu_si512((const void*)(x[t * nb + b].q + 64 * c)));
+                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t / 2 * nb + b].q[t % 2] + 64 * c)));
             }
             // Lanes 2j and 2j + 1 hold sub-block j: each token's sums fold to 8 lanes, two tokens per
             // register, so the float work per token is half a conversion and two half multiply-adds.
@@ -160,23 +171,12 @@ struct KindQ4K {
             const __m512 mins = _mm512_mul_ps(
                 _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(hdr, mdup8))), _mm512_set1_ps(-half(w->dmin)));
             for (int p = 0; p < NP; p++) {
-                const int t0 = 2 * p, t1 = 2 * p + 1;
-                const X& x0 = x[t0 * nb + b];
-                if (t1 < RN) {
-                    const X& x1 = x[t1 * nb + b];
-                    const __m512i u = _mm512_add_epi32(_mm512_permutex2var_epi32(v[t0], even, v[t1]),
-                                                       _mm512_permutex2var_epi32(v[t0], odd, v[t1]));
-                    const __m512 dx = _mm512_shuffle_f32x4(_mm512_set1_ps(x0.d), _mm512_set1_ps(x1.d), 0x44);
-                    const __m512 bm = join8(_mm256_loadu_ps(x0.bm), _mm256_loadu_ps(x1.bm));
-                    acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_mul_ps(sd, dx), acc[p]);
-                    acc[p] = _mm512_fmadd_ps(mins, bm, acc[p]);
-                } else {  // an odd token count: the last token alone, lanes 8-15 stay zero
-                    const __m512i u = _mm512_add_epi32(_mm512_permutex2var_epi32(v[t0], even, zero),
-                                                       _mm512_permutex2var_epi32(v[t0], odd, zero));
-                    const __m512 bm = _mm512_zextps256_ps512(_mm256_loadu_ps(x0.bm));
-                    acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_mul_ps(sd, _mm512_set1_ps(x0.d)), acc[p]);
-                    acc[p] = _mm512_fmadd_ps(mins, bm, acc[p]);
-                }
+                const X& xp = x[p * nb + b];
+                const __m512i v1 = 2 * p + 1 < RN ? v[2 * p + 1] : zero;  // an odd count: the last token alone
+                const __m512i u = _mm512_add_epi32(_mm512_permutex2var_epi32(v[2 * p], even, v1),
+                                                   _mm512_permutex2var_epi32(v[2 * p], odd, v1));
+                acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_mul_ps(sd, _mm512_load_ps(xp.dx)), acc[p]);
+                acc[p] = _mm512_fmadd_ps(mins, _mm512_load_ps(xp.bm), acc[p]);
             }
         }
         for (int p = 0; p < NP; p++) {
@@ -189,10 +189,11 @@ struct KindQ4K {
 struct KindQ6K {
     using X = XK6L;
     static constexpr int GROUP = 8;
-    static void reorder(const block_q8_K& x, X* out) {
-        gather_dwords(x.qs, out->q, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60));
-        for (int L = 0; L < 16; L++) out->bs32[L] = -32 * x.bsums[L];
-        out->d = x.d;
+    static constexpr int TOKENS_PER_ENTRY = 1;
+    static void reorder(const block_q8_K* const* x, X* out) {
+        gather_dwords(x[0]->qs, out->q, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60));
+        for (int L = 0; L < 16; L++) out->bs32[L] = -32 * x[0]->bsums[L];
+        out->d = x[0]->d;
     }
     // Sub-block L = 16-weight group of half h = L / 8, 32-weight vector k = (L % 8) / 2 of that half,
     // first or second 16 by L % 2; its weights 4c..4c+3 (vector c) are byte l = 16 (L % 2) + 4c of
@@ -239,16 +240,22 @@ template <class Kind>
 void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y,
                        int64_t ldy, int64_t n0, int64_t n1) {
     using XT = typename Kind::X;
+    constexpr int TPE = Kind::TOKENS_PER_ENTRY;
+    static_assert(Kind::GROUP % TPE == 0 && 8 % TPE == 0, "token groups start on an entry");
     const int64_t nb = K / QK_K;
     thread_local std::vector<XT> xt;
-    xt.resize((size_t)M * nb);
-    for (int t = 0; t < M; t++)
-        for (int64_t b = 0; b < nb; b++) Kind::reorder(((const block_q8_K*)(X + t * xrb))[b], &xt[t * nb + b]);
+    xt.resize((size_t)(M + TPE - 1) / TPE * nb);
+    for (int t = 0; t < M; t += TPE)
+        for (int64_t b = 0; b < nb; b++) {
+            const block_q8_K* src[TPE];
+            for (int i = 0; i < TPE; i++) src[i] = t + i < M ? (const block_q8_K*)(X + (t + i) * xrb) + b : nullptr;
+            Kind::reorder(src, &xt[t / TPE * nb + b]);
+        }
     const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
         const int64_t c1 = std::min(n1, c0 + chunk);
         for (int m = 0; m < M; m += Kind::GROUP) {
-            const XT* x = xt.data() + m * nb;
+            const XT* x = xt.data() + m / TPE * nb;
             for (int64_t n = c0; n < c1; n++) {
                 const uint8_t* w = W + n * wrb;
                 float* y = Y + m * ldy + n;
