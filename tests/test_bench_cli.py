@@ -23,6 +23,7 @@ def test_bench_tiny_clover_only(tmp_path):
     assert (tmp_path / "tiny-qwen35moe-q4_k_m.gguf").exists()  # built once, reused by the next run
     roof = d["tg_roofline"]
     assert "tg roofline" in r.stdout and len(roof["read_bandwidth_gbps"]) == 2 and min(roof["read_bandwidth_gbps"]) > 0
+    assert roof["roofline_gbps"] in roof["read_bandwidth_gbps"]
     assert roof["tg_roofline_tps"] > 0 and roof["clover_tg_share"] == tps["tg"] / roof["tg_roofline_tps"]
 
 
