@@ -1,13 +1,12 @@
-// AVX-512 (F, BW, VL) + VNNI kernels for q4_K, q6_K, q4_0 and q8_0 (the only file compiled with
-// -mavx512*). Every other format runs the AVX2 kernels: kernels_avx512() is the AVX2 table with these
-// four entries replaced.
+// AVX-512 (F, BW, VL) + VNNI kernels for q4_K, q6_K, q4_0 and q8_0 (with model_ops_avx512.cpp the only
+// files compiled with -mavx512*). Every other format runs the AVX2 kernels: kernels_avx512() is the
+// AVX2 table with these four entries replaced.
 //
-// The AVX2 tiles multiply 32 weights per instruction (u8 x s8 pairs, then int16 scales); here one
-// 512-bit register holds 64 weights of two neighbouring sub-blocks whose activations are contiguous in
-// block_q8_K, and vpdpwssd adds the scaled pair sums straight into the int32 accumulator: two
-// instructions per 64 multiply-adds per (row, token) instead of six. 32 vector registers also allow
-// tiles of 2 weight rows x 4 tokens (AVX2: 1 x 4) from 16 tokens on.
-// Results equal the AVX2 and scalar kernels' up to float summation order (integer block sums are exact).
+// k-quants: one token (GEMV) runs one weight row at a time with 64 weights of two neighbouring
+// sub-blocks per register (vpmaddubsw, then vpdpwssd with the sub-block scales); two or more tokens
+// run the lane-layout tiles below (vpdpbusd, scales once per super-block). Q4_0 and Q8_0: vpdpbusd on
+// biased unsigned weights. Results equal the AVX2 and scalar kernels' up to float summation order
+// (integer block sums are exact).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -34,10 +33,7 @@ inline __m512i quarter_index(short i0) {
         _mm256_set_m128i(_mm_set1_epi16(i0 + 3), _mm_set1_epi16(i0 + 2)), 1);
 }
 
-// [a | b] (AVX512F only: the DQ forms are not in the required set)
-inline __m512 join8(__m256 a, __m256 b) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
-}
+// the sum of 8 floats
 inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -72,22 +68,21 @@ inline __m128i k4_header(const uint8_t* s12) {
 // The products run on vpdpbusd (4 per int32 lane) with the sub-block scales applied once per
 // super-block, in float: each of the four 64-weight vectors of a super-block puts the same sub-block
 // in lane L (q4_K: sub-block L / 2, its weights 16 (L % 2) + 4c .. + 3 in vector c; q6_K: sub-block L,
-// weights 4c .. + 3), so a lane sums 16 products of one sub-block, and the tile finishes a (row, token)
-// super-block with one conversion and one multiply-add by (d * scale of lane L) * d_x. q4_K's mins term
-// -dmin * min_j * d_x * sum_j(x) is one more multiply-add of the row's 8 floats by the token's 8;
-// q6_K's offset of 32 starts the lane sums at -32 * (the token's sum over sub-block L).
-// The weights are unpacked into that lane order in registers (one dword permute, shifts and masks
-// per vector, amortized over up to 8 tokens), the activations are reordered once per call and thread
-// (XK4L, XK6L).
-// Loop order for the caches: a group of up to 8 tokens' activations stays in L1 while a chunk of
-// weight rows (at most ~192 KB, L2-resident) streams past it.
-// The activation tables are 64-byte aligned: with malloc's 16-byte alignment every other call ran
-// ~25% slower (loads split across cache lines).
-// Measured in cache (1024 x 2048, one thread, 32 tokens), against the AVX-512 tiles before these
-// (vpmaddubsw + vpdpwssd per 64 weights, two rows x four tokens, the scales per (row, token) and
-// super-block in integer and float, every token streamed from L2 past each row pair), alternating
-// runs: q4_K 220 -> 355 GFLOP/s, q6_K 225 -> 363. Steps (q4_K): the lane layout 271, the loop order
-// 319, the scales in float (no vpmaddwd) 355.
+// weights 4c .. + 3), so a lane sums 16 products of one sub-block. The weights are unpacked into that
+// order in registers (one dword permute, shifts and masks per vector), the activations are reordered
+// to match once per call and thread (XK4P, XK6L, 64-byte aligned: with malloc's 16-byte alignment
+// every other call ran ~25% slower on loads split across cache lines).
+// q4_K: lanes 2j and 2j + 1 hold the same sub-block, so each token's sums fold to 8 lanes and two
+// tokens share one register for the float work: (d * scale j) * d_x, and the mins term
+// -dmin * min_j * d_x * sum_j(x) as one more multiply-add; the pair's d_x and group-sum vectors are
+// built once per call (XK4P). Groups of 12 tokens (16 spill registers). q6_K: 16 distinct scales per
+// super-block, one token per register; the offset 32 starts the lane sums at -32 x the token's sum
+// over sub-block L. Groups of 8 tokens.
+// Measured in cache (1024 x 2048, one thread, 32 tokens, alternating runs), against the AVX-512 tiles
+// before these (vpmaddubsw + vpdpwssd per 64 weights, two rows x four tokens, the scales per (row,
+// token) and super-block in integer and float, every token streamed from L2 past each row pair):
+// q4_K 220 -> 355 GFLOP/s (lane layout 271, loop order 319, scales in float 355), then 390 with token
+// pairs and groups of 12; q6_K 225 -> 363.
 
 struct alignas(64) XK4P {  // one super-block of two tokens (the second all zero past the last token)
     int8_t q[2][QK_K];  // q[i][64c + 4L + j] = token i's x[16L + 4c + j]
@@ -235,7 +230,8 @@ struct KindQ6K {
     }
 };
 
-// Rows [n0, n1) x M tokens.
+// Rows [n0, n1) x M tokens. Loop order for the caches: a group of tokens' activations stays in L1 while
+// a chunk of weight rows (at most ~192 KB, L2-resident) streams past it.
 template <class Kind>
 void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y,
                        int64_t ldy, int64_t n0, int64_t n1) {

@@ -104,7 +104,7 @@ def weight_bytes_per_token(path: Path) -> int:
     return int(total)
 
 
-def read_bandwidth_gbps(threads: int, size_mb: int = 1024, reps: int = 3) -> float:
+def read_bandwidth_gbps(threads: int, size_mb: int = 512, reps: int = 3) -> float:
     """Read bandwidth of this machine now: a numpy max over a float32 array far bigger than the LLC, in
     `threads` slices at once (numpy releases the GIL), best of `reps`."""
     import numpy as np
