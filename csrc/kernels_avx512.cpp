@@ -113,6 +113,7 @@ struct KindQ4K {
     using X = XK4P;
     static constexpr int GROUP = 12;
     static constexpr int TOKENS_PER_ENTRY = 2;
+    static constexpr bool PRE_UNPACK = true;
     // tokens x[0] and, unless null, x[1]
     static void reorder(const block_q8_K* const* x, X* out) {
         const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
@@ -129,48 +130,77 @@ struct KindQ4K {
             }
         }
     }
-    // One weight row against RN tokens (token t: x[t / 2 * nb + b].q[t % 2]) -> Y[t * ldy].
-    template <int RN>
-    static void tile(const uint8_t* row, const X* x, int64_t nb, float* Y, int64_t ldy) {
+    // A super-block's weights in lane order (vector c) and its scale vectors: sd = d * scale j in lanes
+    // j and 8 + j, mins = -dmin * min j likewise.
+    static __m512i vec(__m512i lo, __m512i hi, int c) {
         // dword index of lane L in vector c: 8 (L / 4) + 4 (L % 2) + c; nibble shift 4 ((L / 2) % 2)
-        const __m512i idx0 = _mm512_setr_epi32(0, 4, 0, 4, 8, 12, 8, 12, 16, 20, 16, 20, 24, 28, 24, 28);
+        const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 0, 4, 8, 12, 8, 12, 16, 20, 16, 20, 24, 28, 24, 28),
+                                             _mm512_set1_epi32(c));
         const __m512i shift = _mm512_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4);
-        const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f), one = _mm512_set1_epi32(1);
+        return _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutex2var_epi32(lo, idx, hi), shift),
+                                _mm512_set1_epi32(0x0f0f0f0f));
+    }
+    static void scales(const block_q4_K* w, __m512* sd, __m512* mins) {
+        const __m128i hdr = k4_header(w->scales);
         const __m128i dup8 = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
         const __m128i mdup8 = _mm_setr_epi8(8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+        *sd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(hdr, dup8))), _mm512_set1_ps(half(w->d)));
+        *mins = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(hdr, mdup8))),
+                              _mm512_set1_ps(-half(w->dmin)));
+    }
+    // A row unpacked once for several token groups (what the tile computes per super-block, stored).
+    struct alignas(64) U {
+        __m512i q[4];
+        __m512 sd, mins;
+    };
+    static void unpack(const uint8_t* row, int64_t nb, U* out) {
+        const block_q4_K* w = (const block_q4_K*)row;
+        for (int64_t b = 0; b < nb; b++, w++) {
+            prefetch_block(w, sizeof(block_q4_K));
+            const __m512i lo = _mm512_loadu_si512((const void*)w->qs), hi = _mm512_loadu_si512((const void*)(w->qs + 64));
+            for (int c = 0; c < 4; c++) out[b].q[c] = vec(lo, hi, c);
+            scales(w, &out[b].sd, &out[b].mins);
+        }
+    }
+    // One weight row (raw, or unpacked when PRE) against RN tokens (token t: x[t / 2 * nb + b].q[t % 2])
+    // -> Y[t * ldy].
+    template <int RN, bool PRE>
+    static void tile(const uint8_t* row, const U* u, const X* x, int64_t nb, float* Y, int64_t ldy) {
         const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        const __m512i odd = _mm512_add_epi32(even, one), zero = _mm512_setzero_si512();
+        const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1)), zero = _mm512_setzero_si512();
         const block_q4_K* w = (const block_q4_K*)row;
         constexpr int NP = (RN + 1) / 2;
         __m512 acc[NP];
         for (int p = 0; p < NP; p++) acc[p] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++, w++) {
-            prefetch_block(w, sizeof(block_q4_K));
-            const __m128i hdr = k4_header(w->scales);
-            const __m512i lo = _mm512_loadu_si512((const void*)w->qs);
-            const __m512i hi = _mm512_loadu_si512((const void*)(w->qs + 64));
+            __m512i lo, hi;
+            if constexpr (!PRE) {
+                prefetch_block(w, sizeof(block_q4_K));
+                lo = _mm512_loadu_si512((const void*)w->qs);
+                hi = _mm512_loadu_si512((const void*)(w->qs + 64));
+            }
             __m512i v[RN];
             for (int t = 0; t < RN; t++) v[t] = _mm512_setzero_si512();
-            __m512i idx = idx0;
             for (int c = 0; c < 4; c++) {
-                const __m512i q = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutex2var_epi32(lo, idx, hi), shift), m4);
-                idx = _mm512_add_epi32(idx, one);
+                const __m512i q = PRE ? _mm512_load_si512((const void*)&u[b].q[c]) : vec(lo, hi, c);
                 for (int t = 0; t < RN; t++)
                     v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t / 2 * nb + b].q[t % 2] + 64 * c)));
             }
             // Lanes 2j and 2j + 1 hold sub-block j: each token's sums fold to 8 lanes, two tokens per
             // register, so the float work per token is half a conversion and two half multiply-adds.
-            // sd: d * scale j in lanes j and 8 + j; mins: -dmin * min j likewise.
-            const __m512 sd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(hdr, dup8))),
-                                            _mm512_set1_ps(half(w->d)));
-            const __m512 mins = _mm512_mul_ps(
-                _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(hdr, mdup8))), _mm512_set1_ps(-half(w->dmin)));
+            __m512 sd, mins;
+            if constexpr (PRE) {
+                sd = _mm512_load_ps((const float*)&u[b].sd);
+                mins = _mm512_load_ps((const float*)&u[b].mins);
+            } else {
+                scales(w, &sd, &mins);
+            }
             for (int p = 0; p < NP; p++) {
                 const X& xp = x[p * nb + b];
                 const __m512i v1 = 2 * p + 1 < RN ? v[2 * p + 1] : zero;  // an odd count: the last token alone
-                const __m512i u = _mm512_add_epi32(_mm512_permutex2var_epi32(v[2 * p], even, v1),
+                const __m512i s = _mm512_add_epi32(_mm512_permutex2var_epi32(v[2 * p], even, v1),
                                                    _mm512_permutex2var_epi32(v[2 * p], odd, v1));
-                acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_mul_ps(sd, _mm512_load_ps(xp.dx)), acc[p]);
+                acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sd, _mm512_load_ps(xp.dx)), acc[p]);
                 acc[p] = _mm512_fmadd_ps(mins, _mm512_load_ps(xp.bm), acc[p]);
             }
         }
@@ -185,6 +215,7 @@ struct KindQ6K {
     using X = XK6L;
     static constexpr int GROUP = 8;
     static constexpr int TOKENS_PER_ENTRY = 1;
+    static constexpr bool PRE_UNPACK = false;
     static void reorder(const block_q8_K* const* x, X* out) {
         gather_dwords(x[0]->qs, out->q, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60));
         for (int L = 0; L < 16; L++) out->bs32[L] = -32 * x[0]->bsums[L];
@@ -193,8 +224,11 @@ struct KindQ6K {
     // Sub-block L = 16-weight group of half h = L / 8, 32-weight vector k = (L % 8) / 2 of that half,
     // first or second 16 by L % 2; its weights 4c..4c+3 (vector c) are byte l = 16 (L % 2) + 4c of
     // ql[64h + 32 (k % 2) + l] (low nibble for k < 2, high for k >= 2) and qh[32h + l] bits 2k, 2k + 1.
-    template <int RN>
-    static void tile(const uint8_t* row, const X* x, int64_t nb, float* Y, int64_t ldy) {
+    struct U {};  // no unpacked form: each token group unpacks the row again
+    static void unpack(const uint8_t*, int64_t, U*) {}
+    template <int RN, bool PRE>
+    static void tile(const uint8_t* row, const U*, const X* x, int64_t nb, float* Y, int64_t ldy) {
+        static_assert(!PRE, "q6_K rows are unpacked in the tile");
         const __m512i lidx0 = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 16, 20, 24, 28, 16, 20, 24, 28);
         const __m512i lshift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
         const __m512i hidx0 = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 8, 12, 8, 12, 8, 12, 8, 12);
@@ -230,6 +264,25 @@ struct KindQ6K {
     }
 };
 
+template <class Kind, bool PRE>
+void tile_tokens(int rn, const uint8_t* w, const typename Kind::U* u, const typename Kind::X* x, int64_t nb, float* y,
+                 int64_t ldy) {
+    switch (rn) {
+        case 12: Kind::template tile<12, PRE>(w, u, x, nb, y, ldy); break;
+        case 11: Kind::template tile<11, PRE>(w, u, x, nb, y, ldy); break;
+        case 10: Kind::template tile<10, PRE>(w, u, x, nb, y, ldy); break;
+        case 9: Kind::template tile<9, PRE>(w, u, x, nb, y, ldy); break;
+        case 8: Kind::template tile<8, PRE>(w, u, x, nb, y, ldy); break;
+        case 7: Kind::template tile<7, PRE>(w, u, x, nb, y, ldy); break;
+        case 6: Kind::template tile<6, PRE>(w, u, x, nb, y, ldy); break;
+        case 5: Kind::template tile<5, PRE>(w, u, x, nb, y, ldy); break;
+        case 4: Kind::template tile<4, PRE>(w, u, x, nb, y, ldy); break;
+        case 3: Kind::template tile<3, PRE>(w, u, x, nb, y, ldy); break;
+        case 2: Kind::template tile<2, PRE>(w, u, x, nb, y, ldy); break;
+        case 1: Kind::template tile<1, PRE>(w, u, x, nb, y, ldy); break;
+    }
+}
+
 // Rows [n0, n1) x M tokens. Loop order for the caches: a group of tokens' activations stays in L1 while
 // a chunk of weight rows (at most ~192 KB, L2-resident) streams past it.
 template <class Kind>
@@ -248,27 +301,24 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
             Kind::reorder(src, &xt[t / TPE * nb + b]);
         }
     const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
+    // Several token groups: unpack each row of a chunk once for all of them (q4_K).
+    const bool pre = Kind::PRE_UNPACK && M > Kind::GROUP;
+    thread_local std::vector<typename Kind::U> ut;
+    if (pre) ut.resize((size_t)std::min(chunk, n1 - n0) * nb);
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
         const int64_t c1 = std::min(n1, c0 + chunk);
+        if (pre)
+            for (int64_t n = c0; n < c1; n++) Kind::unpack(W + n * wrb, nb, &ut[(n - c0) * nb]);
         for (int m = 0; m < M; m += Kind::GROUP) {
             const XT* x = xt.data() + m / TPE * nb;
+            const int rn = std::min(Kind::GROUP, M - m);
             for (int64_t n = c0; n < c1; n++) {
-                const uint8_t* w = W + n * wrb;
-                float* y = Y + m * ldy + n;
-                switch (std::min(Kind::GROUP, M - m)) {
-                    case 12: Kind::template tile<12>(w, x, nb, y, ldy); break;
-                    case 11: Kind::template tile<11>(w, x, nb, y, ldy); break;
-                    case 10: Kind::template tile<10>(w, x, nb, y, ldy); break;
-                    case 9: Kind::template tile<9>(w, x, nb, y, ldy); break;
-                    case 8: Kind::template tile<8>(w, x, nb, y, ldy); break;
-                    case 7: Kind::template tile<7>(w, x, nb, y, ldy); break;
-                    case 6: Kind::template tile<6>(w, x, nb, y, ldy); break;
-                    case 5: Kind::template tile<5>(w, x, nb, y, ldy); break;
-                    case 4: Kind::template tile<4>(w, x, nb, y, ldy); break;
-                    case 3: Kind::template tile<3>(w, x, nb, y, ldy); break;
-                    case 2: Kind::template tile<2>(w, x, nb, y, ldy); break;
-                    case 1: Kind::template tile<1>(w, x, nb, y, ldy); break;
-                }
+                if constexpr (Kind::PRE_UNPACK)
+                    if (pre) {
+                        tile_tokens<Kind, true>(rn, nullptr, &ut[(n - c0) * nb], x, nb, Y + m * ldy + n, ldy);
+                        continue;
+                    }
+                tile_tokens<Kind, false>(rn, W + n * wrb, nullptr, x, nb, Y + m * ldy + n, ldy);
             }
         }
     }
