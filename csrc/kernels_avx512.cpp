@@ -215,7 +215,7 @@ struct KindQ6K {
     using X = XK6L;
     static constexpr int GROUP = 8;
     static constexpr int TOKENS_PER_ENTRY = 1;
-    static constexpr bool PRE_UNPACK = false;
+    static constexpr bool PRE_UNPACK = true;
     static void reorder(const block_q8_K* const* x, X* out) {
         gather_dwords(x[0]->qs, out->q, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60));
         for (int L = 0; L < 16; L++) out->bs32[L] = -32 * x[0]->bsums[L];
@@ -224,39 +224,57 @@ struct KindQ6K {
     // Sub-block L = 16-weight group of half h = L / 8, 32-weight vector k = (L % 8) / 2 of that half,
     // first or second 16 by L % 2; its weights 4c..4c+3 (vector c) are byte l = 16 (L % 2) + 4c of
     // ql[64h + 32 (k % 2) + l] (low nibble for k < 2, high for k >= 2) and qh[32h + l] bits 2k, 2k + 1.
-    struct U {};  // no unpacked form: each token group unpacks the row again
-    static void unpack(const uint8_t*, int64_t, U*) {}
-    template <int RN, bool PRE>
-    static void tile(const uint8_t* row, const U*, const X* x, int64_t nb, float* Y, int64_t ldy) {
-        static_assert(!PRE, "q6_K rows are unpacked in the tile");
-        const __m512i lidx0 = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 16, 20, 24, 28, 16, 20, 24, 28);
+    static __m512i vec(__m512i l0, __m512i l1, __m512i h, int c) {
+        const __m512i li = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 16, 20, 24, 28, 16, 20, 24, 28),
+                                            _mm512_set1_epi32(c));
         const __m512i lshift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
-        const __m512i hidx0 = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 8, 12, 8, 12, 8, 12, 8, 12);
+        const __m512i hi = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 8, 12, 8, 12, 8, 12, 8, 12),
+                                            _mm512_set1_epi32(c));
         const __m512i hshift = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 0, 0, 2, 2, 4, 4, 6, 6);
-        const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f), m2 = _mm512_set1_epi32(0x30303030);
-        const __m512i one = _mm512_set1_epi32(1);
+        const __m512i lo = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutex2var_epi32(l0, li, l1), lshift),
+                                            _mm512_set1_epi32(0x0f0f0f0f));
+        const __m512i up = _mm512_slli_epi32(_mm512_srlv_epi32(_mm512_permutexvar_epi32(hi, h), hshift), 4);
+        return _mm512_ternarylogic_epi32(lo, up, _mm512_set1_epi32(0x30303030), 0xf8);  // lo | (up & 0x30)
+    }
+    static __m512 scales(const block_q6_K* w) {  // lane L: d * scale L
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w->scales))),
+                             _mm512_set1_ps(half(w->d)));
+    }
+    struct alignas(64) U {  // a row's super-block unpacked once for several token groups
+        __m512i q[4];
+        __m512 sd;
+    };
+    static void unpack(const uint8_t* row, int64_t nb, U* out) {
+        const block_q6_K* w = (const block_q6_K*)row;
+        for (int64_t b = 0; b < nb; b++, w++) {
+            prefetch_block(w, sizeof(block_q6_K));
+            const __m512i l0 = _mm512_loadu_si512((const void*)w->ql), l1 = _mm512_loadu_si512((const void*)(w->ql + 64));
+            const __m512i h = _mm512_loadu_si512((const void*)w->qh);
+            for (int c = 0; c < 4; c++) out[b].q[c] = vec(l0, l1, h, c);
+            out[b].sd = scales(w);
+        }
+    }
+    template <int RN, bool PRE>
+    static void tile(const uint8_t* row, const U* u, const X* x, int64_t nb, float* Y, int64_t ldy) {
         const block_q6_K* w = (const block_q6_K*)row;
         __m512 acc[RN];
         for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++, w++) {
-            prefetch_block(w, sizeof(block_q6_K));
-            const __m512i l0 = _mm512_loadu_si512((const void*)w->ql);
-            const __m512i l1 = _mm512_loadu_si512((const void*)(w->ql + 64));
-            const __m512i h = _mm512_loadu_si512((const void*)w->qh);
-            __m512i v[RN];
-            for (int t = 0; t < RN; t++) v[t] = _mm512_loadu_si512((const void*)x[t * nb + b].bs32);
-            __m512i li = lidx0, hi = hidx0;
-            for (int c = 0; c < 4; c++) {
-                const __m512i lo = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutex2var_epi32(l0, li, l1), lshift), m4);
-                const __m512i up = _mm512_slli_epi32(_mm512_srlv_epi32(_mm512_permutexvar_epi32(hi, h), hshift), 4);
-                const __m512i q = _mm512_ternarylogic_epi32(lo, up, m2, 0xf8);  // lo | (up & 0x30)
-                li = _mm512_add_epi32(li, one);
-                hi = _mm512_add_epi32(hi, one);
-                for (int t = 0; t < RN; t++)
-                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_loadu_si512((const void*)(x[t * nb + b].q + 64 * c)));
+            __m512i l0, l1, h;
+            if constexpr (!PRE) {
+                prefetch_block(w, sizeof(block_q6_K));
+                l0 = _mm512_loadu_si512((const void*)w->ql);
+                l1 = _mm512_loadu_si512((const void*)(w->ql + 64));
+                h = _mm512_loadu_si512((const void*)w->qh);
             }
-            const __m512 sd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w->scales))),
-                                            _mm512_set1_ps(half(w->d)));
+            __m512i v[RN];
+            for (int t = 0; t < RN; t++) v[t] = _mm512_load_si512((const void*)x[t * nb + b].bs32);
+            for (int c = 0; c < 4; c++) {
+                const __m512i q = PRE ? _mm512_load_si512((const void*)&u[b].q[c]) : vec(l0, l1, h, c);
+                for (int t = 0; t < RN; t++)
+                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t * nb + b].q + 64 * c)));
+            }
+            const __m512 sd = PRE ? _mm512_load_ps((const float*)&u[b].sd) : scales(w);
             for (int t = 0; t < RN; t++)
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[t]), _mm512_mul_ps(sd, _mm512_set1_ps(x[t * nb + b].d)), acc[t]);
         }
