@@ -77,7 +77,8 @@ inline __m128i k4_header(const uint8_t* s12) {
 // -dmin * min_j * d_x * sum_j(x) as one more multiply-add; the pair's d_x and group-sum vectors are
 // built once per call (XK4P). Groups of 12 tokens (16 spill registers). q6_K: 16 distinct scales per
 // super-block, one token per register; the offset 32 starts the lane sums at -32 x the token's sum
-// over sub-block L. Groups of 8 tokens.
+// over sub-block L. Groups of 8 tokens. With more tokens than one group, each row of a chunk is
+// unpacked once (Kind::U) and every group loads it.
 // Measured in cache (1024 x 2048, one thread, 32 tokens, alternating runs), against the AVX-512 tiles
 // before these (vpmaddubsw + vpdpwssd per 64 weights, two rows x four tokens, the scales per (row,
 // token) and super-block in integer and float, every token streamed from L2 past each row pair):
