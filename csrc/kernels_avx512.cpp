@@ -97,9 +97,10 @@ struct alignas(64) XK6L {
     float pad[15];
 };
 
-// 256 activation bytes into the lane order: dst vector c, lane L = source dword idx0[L] + c, where
-// idx0[L] < 32 for L < 8 and >= 32 for L >= 8 (two dword permutes and a blend per vector).
-inline void gather_dwords(const int8_t* src, int8_t* dst, __m512i idx) {
+// 256 activation bytes into the lane order of both kinds: dst[64c + 4L + i] = src[16L + 4c + i] (two
+// dword permutes and a blend per vector).
+inline void lane_order(const int8_t* src, int8_t* dst) {
+    __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
     const __m512i x0 = _mm512_loadu_si512((const void*)src), x1 = _mm512_loadu_si512((const void*)(src + 64));
     const __m512i x2 = _mm512_loadu_si512((const void*)(src + 128)), x3 = _mm512_loadu_si512((const void*)(src + 192));
     for (int c = 0; c < 4; c++) {
@@ -114,17 +115,15 @@ struct KindQ4K {
     using X = XK4P;
     static constexpr int GROUP = 12;
     static constexpr int TOKENS_PER_ENTRY = 2;
-    static constexpr bool PRE_UNPACK = true;
     // tokens x[0] and, unless null, x[1]
     static void reorder(const block_q8_K* const* x, X* out) {
-        const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
         for (int i = 0; i < 2; i++) {
             if (!x[i]) {
                 std::memset(out->q[i], 0, QK_K);
                 for (int j = 0; j < 8; j++) out->dx[8 * i + j] = out->bm[8 * i + j] = 0.f;
                 continue;
             }
-            gather_dwords(x[i]->qs, out->q[i], idx);
+            lane_order(x[i]->qs, out->q[i]);
             for (int j = 0; j < 8; j++) {
                 out->dx[8 * i + j] = x[i]->d;
                 out->bm[8 * i + j] = x[i]->d * (float)(x[i]->bsums[2 * j] + x[i]->bsums[2 * j + 1]);
@@ -216,9 +215,8 @@ struct KindQ6K {
     using X = XK6L;
     static constexpr int GROUP = 8;
     static constexpr int TOKENS_PER_ENTRY = 1;
-    static constexpr bool PRE_UNPACK = true;
     static void reorder(const block_q8_K* const* x, X* out) {
-        gather_dwords(x[0]->qs, out->q, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60));
+        lane_order(x[0]->qs, out->q);
         for (int L = 0; L < 16; L++) out->bs32[L] = -32 * x[0]->bsums[L];
         out->d = x[0]->d;
     }
@@ -320,8 +318,8 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
             Kind::reorder(src, &xt[t / TPE * nb + b]);
         }
     const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
-    // Several token groups: unpack each row of a chunk once for all of them (q4_K).
-    const bool pre = Kind::PRE_UNPACK && M > Kind::GROUP;
+    // Several token groups: unpack each row of a chunk once for all of them.
+    const bool pre = M > Kind::GROUP;
     thread_local std::vector<typename Kind::U> ut;
     if (pre) ut.resize((size_t)std::min(chunk, n1 - n0) * nb);
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
@@ -332,12 +330,10 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
             const XT* x = xt.data() + m / TPE * nb;
             const int rn = std::min(Kind::GROUP, M - m);
             for (int64_t n = c0; n < c1; n++) {
-                if constexpr (Kind::PRE_UNPACK)
-                    if (pre) {
-                        tile_tokens<Kind, true>(rn, nullptr, &ut[(n - c0) * nb], x, nb, Y + m * ldy + n, ldy);
-                        continue;
-                    }
-                tile_tokens<Kind, false>(rn, W + n * wrb, nullptr, x, nb, Y + m * ldy + n, ldy);
+                if (pre)
+                    tile_tokens<Kind, true>(rn, nullptr, &ut[(n - c0) * nb], x, nb, Y + m * ldy + n, ldy);
+                else
+                    tile_tokens<Kind, false>(rn, W + n * wrb, nullptr, x, nb, Y + m * ldy + n, ldy);
             }
         }
     }
