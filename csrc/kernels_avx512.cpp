@@ -65,6 +65,9 @@ inline __m128i k4_header(const uint8_t* s12) {
 }
 
 // ---- k-quants, two or more tokens ----
+// How a tile gets a weight row: unpacked from the file's blocks (RAW), from a row unpacked earlier
+// (LOAD), or from the blocks while storing the unpacked form for the next token groups (STORE).
+enum class Rows { RAW, LOAD, STORE };
 // The products run on vpdpbusd (4 per int32 lane) with the sub-block scales applied once per
 // super-block, in float: each of the four 64-weight vectors of a super-block puts the same sub-block
 // in lane L (q4_K: sub-block L / 2, its weights 16 (L % 2) + 4c .. + 3 in vector c; q6_K: sub-block L,
@@ -77,8 +80,8 @@ inline __m128i k4_header(const uint8_t* s12) {
 // -dmin * min_j * d_x * sum_j(x) as one more multiply-add; the pair's d_x and group-sum vectors are
 // built once per call (XK4P). Groups of 12 tokens (16 spill registers). q6_K: 16 distinct scales per
 // super-block, one token per register; the offset 32 starts the lane sums at -32 x the token's sum
-// over sub-block L. Groups of 8 tokens. With more tokens than one group, each row of a chunk is
-// unpacked once (Kind::U) and every group loads it.
+// over sub-block L. Groups of 8 tokens. With more tokens than one group, the first group stores each
+// row of a chunk unpacked (Kind::U) as it computes, and the other groups load it.
 // Measured in cache (1024 x 2048, one thread, 32 tokens, alternating runs), against the AVX-512 tiles
 // before these (vpmaddubsw + vpdpwssd per 64 weights, two rows x four tokens, the scales per (row,
 // token) and super-block in integer and float, every token streamed from L2 past each row pair):
@@ -153,19 +156,10 @@ struct KindQ4K {
         __m512i q[4];
         __m512 sd, mins;
     };
-    static void unpack(const uint8_t* row, int64_t nb, U* out) {
-        const block_q4_K* w = (const block_q4_K*)row;
-        for (int64_t b = 0; b < nb; b++, w++) {
-            prefetch_block(w, sizeof(block_q4_K));
-            const __m512i lo = _mm512_loadu_si512((const void*)w->qs), hi = _mm512_loadu_si512((const void*)(w->qs + 64));
-            for (int c = 0; c < 4; c++) out[b].q[c] = vec(lo, hi, c);
-            scales(w, &out[b].sd, &out[b].mins);
-        }
-    }
-    // One weight row (raw, or unpacked when PRE) against RN tokens (token t: x[t / 2 * nb + b].q[t % 2])
-    // -> Y[t * ldy].
-    template <int RN, bool PRE>
-    static void tile(const uint8_t* row, const U* u, const X* x, int64_t nb, float* Y, int64_t ldy) {
+    // One weight row against RN tokens (token t: x[t / 2 * nb + b].q[t % 2]) -> Y[t * ldy].
+    template <int RN, Rows R>
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, float* Y, int64_t ldy) {
+        constexpr bool PRE = R == Rows::LOAD;
         const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1)), zero = _mm512_setzero_si512();
         const block_q4_K* w = (const block_q4_K*)row;
@@ -183,6 +177,7 @@ struct KindQ4K {
             for (int t = 0; t < RN; t++) v[t] = _mm512_setzero_si512();
             for (int c = 0; c < 4; c++) {
                 const __m512i q = PRE ? _mm512_load_si512((const void*)&u[b].q[c]) : vec(lo, hi, c);
+                if constexpr (R == Rows::STORE) _mm512_store_si512((void*)&u[b].q[c], q);
                 for (int t = 0; t < RN; t++)
                     v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t / 2 * nb + b].q[t % 2] + 64 * c)));
             }
@@ -194,6 +189,10 @@ struct KindQ4K {
                 mins = _mm512_load_ps((const float*)&u[b].mins);
             } else {
                 scales(w, &sd, &mins);
+                if constexpr (R == Rows::STORE) {
+                    u[b].sd = sd;
+                    u[b].mins = mins;
+                }
             }
             for (int p = 0; p < NP; p++) {
                 const X& xp = x[p * nb + b];
@@ -243,18 +242,9 @@ struct KindQ6K {
         __m512i q[4];
         __m512 sd;
     };
-    static void unpack(const uint8_t* row, int64_t nb, U* out) {
-        const block_q6_K* w = (const block_q6_K*)row;
-        for (int64_t b = 0; b < nb; b++, w++) {
-            prefetch_block(w, sizeof(block_q6_K));
-            const __m512i l0 = _mm512_loadu_si512((const void*)w->ql), l1 = _mm512_loadu_si512((const void*)(w->ql + 64));
-            const __m512i h = _mm512_loadu_si512((const void*)w->qh);
-            for (int c = 0; c < 4; c++) out[b].q[c] = vec(l0, l1, h, c);
-            out[b].sd = scales(w);
-        }
-    }
-    template <int RN, bool PRE>
-    static void tile(const uint8_t* row, const U* u, const X* x, int64_t nb, float* Y, int64_t ldy) {
+    template <int RN, Rows R>
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, float* Y, int64_t ldy) {
+        constexpr bool PRE = R == Rows::LOAD;
         const block_q6_K* w = (const block_q6_K*)row;
         __m512 acc[RN];
         for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
@@ -270,10 +260,12 @@ struct KindQ6K {
             for (int t = 0; t < RN; t++) v[t] = _mm512_load_si512((const void*)x[t * nb + b].bs32);
             for (int c = 0; c < 4; c++) {
                 const __m512i q = PRE ? _mm512_load_si512((const void*)&u[b].q[c]) : vec(l0, l1, h, c);
+                if constexpr (R == Rows::STORE) _mm512_store_si512((void*)&u[b].q[c], q);
                 for (int t = 0; t < RN; t++)
                     v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t * nb + b].q + 64 * c)));
             }
             const __m512 sd = PRE ? _mm512_load_ps((const float*)&u[b].sd) : scales(w);
+            if constexpr (R == Rows::STORE) u[b].sd = sd;
             for (int t = 0; t < RN; t++)
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[t]), _mm512_mul_ps(sd, _mm512_set1_ps(x[t * nb + b].d)), acc[t]);
         }
@@ -281,8 +273,8 @@ struct KindQ6K {
     }
 };
 
-template <class Kind, bool PRE>
-void tile_tokens(int rn, const uint8_t* w, const typename Kind::U* u, const typename Kind::X* x, int64_t nb, float* y,
+template <class Kind, Rows PRE>
+void tile_tokens(int rn, const uint8_t* w, typename Kind::U* u, const typename Kind::X* x, int64_t nb, float* y,
                  int64_t ldy) {
     switch (rn) {
         case 12: Kind::template tile<12, PRE>(w, u, x, nb, y, ldy); break;
@@ -318,22 +310,25 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
             Kind::reorder(src, &xt[t / TPE * nb + b]);
         }
     const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
-    // Several token groups: unpack each row of a chunk once for all of them.
+    // Several token groups: the first unpacks each row of a chunk while it computes (the weight stream
+    // overlaps the products) and stores it; the others load it.
     const bool pre = M > Kind::GROUP;
     thread_local std::vector<typename Kind::U> ut;
     if (pre) ut.resize((size_t)std::min(chunk, n1 - n0) * nb);
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
         const int64_t c1 = std::min(n1, c0 + chunk);
-        if (pre)
-            for (int64_t n = c0; n < c1; n++) Kind::unpack(W + n * wrb, nb, &ut[(n - c0) * nb]);
         for (int m = 0; m < M; m += Kind::GROUP) {
             const XT* x = xt.data() + m / TPE * nb;
             const int rn = std::min(Kind::GROUP, M - m);
             for (int64_t n = c0; n < c1; n++) {
-                if (pre)
-                    tile_tokens<Kind, true>(rn, nullptr, &ut[(n - c0) * nb], x, nb, Y + m * ldy + n, ldy);
+                typename Kind::U* u = pre ? &ut[(n - c0) * nb] : nullptr;
+                float* y = Y + m * ldy + n;
+                if (!pre)
+                    tile_tokens<Kind, Rows::RAW>(rn, W + n * wrb, u, x, nb, y, ldy);
+                else if (m == 0)
+                    tile_tokens<Kind, Rows::STORE>(rn, W + n * wrb, u, x, nb, y, ldy);
                 else
-                    tile_tokens<Kind, false>(rn, W + n * wrb, nullptr, x, nb, Y + m * ldy + n, ldy);
+                    tile_tokens<Kind, Rows::LOAD>(rn, W + n * wrb, u, x, nb, y, ldy);
             }
         }
     }
