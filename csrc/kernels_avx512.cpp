@@ -273,22 +273,15 @@ struct KindQ6K {
     }
 };
 
-template <class Kind, Rows PRE>
+// Kind::tile<rn, R> for 1 <= rn <= Kind::GROUP (only those sizes are instantiated).
+template <class Kind, Rows R, int RN = Kind::GROUP>
 void tile_tokens(int rn, const uint8_t* w, typename Kind::U* u, const typename Kind::X* x, int64_t nb, float* y,
                  int64_t ldy) {
-    switch (rn) {
-        case 12: Kind::template tile<12, PRE>(w, u, x, nb, y, ldy); break;
-        case 11: Kind::template tile<11, PRE>(w, u, x, nb, y, ldy); break;
-        case 10: Kind::template tile<10, PRE>(w, u, x, nb, y, ldy); break;
-        case 9: Kind::template tile<9, PRE>(w, u, x, nb, y, ldy); break;
-        case 8: Kind::template tile<8, PRE>(w, u, x, nb, y, ldy); break;
-        case 7: Kind::template tile<7, PRE>(w, u, x, nb, y, ldy); break;
-        case 6: Kind::template tile<6, PRE>(w, u, x, nb, y, ldy); break;
-        case 5: Kind::template tile<5, PRE>(w, u, x, nb, y, ldy); break;
-        case 4: Kind::template tile<4, PRE>(w, u, x, nb, y, ldy); break;
-        case 3: Kind::template tile<3, PRE>(w, u, x, nb, y, ldy); break;
-        case 2: Kind::template tile<2, PRE>(w, u, x, nb, y, ldy); break;
-        case 1: Kind::template tile<1, PRE>(w, u, x, nb, y, ldy); break;
+    if constexpr (RN >= 1) {
+        if (rn == RN)
+            Kind::template tile<RN, R>(w, u, x, nb, y, ldy);
+        else
+            tile_tokens<Kind, R, RN - 1>(rn, w, u, x, nb, y, ldy);
     }
 }
 

@@ -131,14 +131,12 @@ def test_shifted_logits_and_block_lengths(clover_shift, prompt_len, threshold, b
     assert toks == reference_decode(m, prompt, opts)
 
 
-def collect(model, prompt, opts):
-    toks, steps, stats = [], 0, None
-    for ev in decode(model, prompt, opts):
+def collect(model, prompt, opts, cache=None):
+    toks, stats = [], None
+    for ev in decode(model, prompt, opts, cache=cache):
         if ev.kind == "tokens":
             toks += ev.tokens
-        elif ev.kind == "step":
-            steps += 1
-        else:
+        elif ev.kind == "done":
             stats = ev.stats
     return toks, stats
 
@@ -303,8 +301,8 @@ def test_reuse_commits_the_final_tokens_as_they_form(clover, window):
 
     clover.run = counted
     try:
-        toks, stats = collect_with_cache(clover, prompt, Options(max_new_tokens=11, threshold=0.5, window=window,
-                                                                  reuse=True, stop_at_eos=False), cache)
+        opts = Options(max_new_tokens=11, threshold=0.5, window=window, reuse=True, stop_at_eos=False)
+        toks, stats = collect(clover, prompt, opts, cache)
     finally:
         del clover.run
     assert len(toks) == 11
@@ -315,16 +313,6 @@ def test_reuse_commits_the_final_tokens_as_they_form(clover, window):
     if window:
         # a forward is the newly final tokens plus the block up to the window's last masked position
         assert all(T - c <= clover.config.block_length for T, c in n_calls)
-
-
-def collect_with_cache(model, prompt, opts, cache):
-    toks, stats = [], None
-    for ev in decode(model, prompt, opts, cache=cache):
-        if ev.kind == "tokens":
-            toks += ev.tokens
-        elif ev.kind == "done":
-            stats = ev.stats
-    return toks, stats
 
 
 def test_window_and_reuse_bad_options(clover, clover_shift):

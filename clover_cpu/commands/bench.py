@@ -91,16 +91,14 @@ def run_worker(python: str, engine: str, model: Path, args, threads: int) -> dic
 def weight_bytes_per_token(path: Path) -> int:
     """Weight bytes an autoregressive step reads: every tensor but the embedding table (one row per
     token), the routed experts' tensors scaled by experts used / experts."""
+    from clover_cpu.config import Config
     from clover_cpu.gguf_file import GGUFFile
 
     with GGUFFile(path) as f:
-        arch = f.kv.get("general.architecture", "")
-        n_exp, k_exp = f.kv.get(f"{arch}.expert_count", 0), f.kv.get(f"{arch}.expert_used_count", 0)
-        total = 0.0
-        for t in f.tensors.values():
-            if t.name == "token_embd.weight":
-                continue
-            total += t.nbytes * (k_exp / n_exp if n_exp and "_exps." in t.name else 1)
+        c = Config.from_gguf(f)
+        share = c.n_expert_used / c.n_expert if c.n_expert else 1.0
+        total = sum(t.nbytes * (share if "_exps." in t.name else 1) for t in f.tensors.values()
+                    if t.name != "token_embd.weight")
     return int(total)
 
 
