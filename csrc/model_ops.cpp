@@ -261,7 +261,15 @@ void attention(const ModelKernels& kr, const float* q, const void* k, const void
         limit[t] = (int32_t)std::min(end, n_kv);
     }
     const AttnArgs a{q, k, v, limit.data(), gate, o, n_head, n_head_kv, D, scale};
-    const attention_fn fn = kv == KvType::F16    ? kr.attention_f16
+    const int64_t group = n_head / n_head_kv, n_threads = pool()->size();
+    // Rows in lanes where the ISA has it and the call has the rows to fill them: the choice depends on
+    // the call alone, never on the thread count.
+    const attention_fn lanes = kv == KvType::F16    ? kr.attention_lanes_f16
+                               : kv == KvType::Q8_0 ? kr.attention_lanes_q8_0
+                                                    : kr.attention_lanes_f32;
+    const bool use_lanes = lanes && T * group >= ATTN_LANE_ROWS;
+    const attention_fn fn = use_lanes          ? lanes
+                            : kv == KvType::F16  ? kr.attention_f16
                             : kv == KvType::Q8_0 ? kr.attention_q8_0
                                                  : kr.attention_f32;
 
@@ -269,12 +277,19 @@ void attention(const ModelKernels& kr, const float* q, const void* k, const void
     // task for all its query rows. Token chunks shrink towards ~4 tasks per thread; heads are split
     // only while some thread would have no task (each split reads the cache once more). Each row's
     // arithmetic does not depend on how rows are grouped, so the split may follow the thread count.
-    const int64_t group = n_head / n_head_kv, n_threads = pool()->size();
+    // Lane tasks keep all the kv head's query heads and at least ATTN_LANE_ROWS rows.
     auto n_chunks = [&](int64_t tc) { return (T + tc - 1) / tc; };
-    int64_t tc = std::min<int64_t>(T, std::max<int64_t>(1, 64 / group));
-    while (tc > 1 && n_head_kv * n_chunks(tc) < 4 * n_threads) tc = (tc + 1) / 2;
+    const int64_t min_tc = use_lanes ? (ATTN_LANE_ROWS + group - 1) / group : 1;
+    int64_t tc = std::min<int64_t>(T, std::max<int64_t>(min_tc, (use_lanes ? 128 : 64) / group));
+    // (lane tasks stop at 64 rows unless a thread would have no task: below that, each task's
+    // conversion of the cache tiles and its broadcasts serve too few rows)
+    auto shrink = [&](int64_t tc) {
+        const int64_t tasks = n_head_kv * n_chunks(tc);
+        return tc > min_tc && tasks < 4 * n_threads && (!use_lanes || tc * group > 64 || tasks < n_threads);
+    };
+    while (shrink(tc)) tc = std::max(min_tc, (tc + 1) / 2);
     int64_t hs = group;
-    while (hs > 1 && n_head_kv * (group / hs) * n_chunks(tc) < n_threads) {
+    while (!use_lanes && hs > 1 && n_head_kv * (group / hs) * n_chunks(tc) < n_threads) {
         int64_t d = hs - 1;
         while (group % d) d--;  // the next smaller divisor of the group
         hs = d;

@@ -72,7 +72,13 @@ struct ModelKernels {
     void (*matmul)(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
                    int64_t ldc, float alpha, float beta);
     int64_t gdn_chunked_from;  // GdnMode::Auto runs the chunked form from this many tokens (measured)
+    // Attention with query rows in vector lanes (null where the ISA has none): for calls with at least
+    // ATTN_LANE_ROWS query rows per kv head; the driver then gives every task that many rows or more.
+    attention_fn attention_lanes_f32 = nullptr;
+    attention_fn attention_lanes_f16 = nullptr;
+    attention_fn attention_lanes_q8_0 = nullptr;
 };
+constexpr int64_t ATTN_LANE_ROWS = 16;
 
 // n floats of scratch in buf starting on a 64-byte boundary: 32-byte vectors never split a cache
 // line (a 16-byte aligned state made the recurrent delta rule ~1.6x slower here).
@@ -84,7 +90,7 @@ inline float* aligned_floats(std::vector<float>& buf, size_t n) {
 const ModelKernels& model_kernels_ref();
 const ModelKernels* model_kernels_avx2();  // null in builds without the AVX2 file
 const ModelKernels* model_kernels_neon();  // null in builds without the NEON file
-const ModelKernels* model_kernels_avx512();  // AVX2's with an AVX-512 gated delta rule; null without the file
+const ModelKernels* model_kernels_avx512();  // AVX2's with an AVX-512 gated delta rule and attention; null without the file
 // The table for an ISA name ("ref", "avx2", "neon"); throws std::invalid_argument
 // when the ISA is not available. The active table follows dispatch.h's active ISA.
 const ModelKernels& model_kernels_for(const std::string& isa);

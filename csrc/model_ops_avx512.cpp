@@ -2,12 +2,23 @@
 // delta rule on 16-float registers. At 8 floats per register its column sweeps were ~7% of a 32- or
 // 512-token forward on the bench twin (each element of the state: two multiply-adds to read it, one
 // multiply and one multiply-add to update it, per token). Per element the operations are the AVX2
-// kernel's, in the same order; only k.q is summed in a different order.
+// kernel's, in the same order; only k.q is summed in a different order. And attention with query rows
+// in lanes for calls with 16 or more query rows per kv head (prefill, diffusion blocks): no horizontal
+// sums, 2-3x the AVX2 kernel's speed (bench/NOTES.md, change 25).
+// GCC 12's AVX-512 intrinsic headers start vectors from _mm512_undefined_*(), which -W(maybe-)uninitialized
+// reports in every caller (GCC bug 105593, fixed in 13): silenced for this file only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "formats.h"
 #include "model_ops.h"
 
 namespace clover {
@@ -91,10 +102,276 @@ void gdn_recurrent_avx512(const GdnHeadArgs& a) {
         }
 }
 
+
+// ---- attention with query rows in lanes ----
+//
+// The AVX2 kernel (model_ops_simd.inc) puts the head dimension in the lanes: every (row, key) score
+// ends in a horizontal sum, and scores, maxima and sums are scalars. Here a vector holds one value of
+// 16 query rows (token, head) instead: the task's queries are transposed once (QT[d] = 16 rows' q[d]),
+// a score vector is sum_d K[j][d] * QT[d] with the key's value broadcast from memory, the online
+// softmax runs lane-wise over keys, and the output accumulates transposed (OT[d] += V[j][d] * P[j]).
+// No horizontal operation anywhere; each row's arithmetic is the same in any lane and any grouping
+// (sums over d and over keys in order), so results do not depend on the thread count. Keys a row may
+// not see get -inf scores and masked multiply-adds (a NaN or inf value there never reaches the row).
+
+struct alignas(64) Lane16 {
+    float f[16];
+};
+struct alignas(64) Lane16i {
+    int32_t i[16];
+};
+
+// e^x, 16 lanes: model_ops_avx2.cpp's exp8, the same constants and steps (about 1 ulp; 0 below
+// -87.34, inf above 88.72, NaN stays NaN).
+inline __m512 exp16(__m512 x) {
+    const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.34f)), _mm512_set1_ps(88.72f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    n = _mm512_min_ps(n, _mm512_set1_ps(127.f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7228f), _CMP_GT_OQ), y, _mm512_set1_ps(INFINITY));
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365f), _CMP_LT_OQ), y, _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
+
+constexpr int64_t LANE_KEYS = 32;  // cache rows per tile
+
+// G lane groups at once (their queries QT[g], D lines apart; scores S[g], LANE_KEYS lines apart):
+// S[g][u] = scale * sum_d K[u][d] QT[g][d] for KB keys (rows of K `ld` floats apart), -inf where a lane
+// may not see key s + u; see[g][u] = the lanes that may. Each key value is broadcast once for all G.
+template <int G, int KB>
+void lane_scores(const Lane16* QT, int64_t D, const float* K, int64_t ld, __m512 scale, const __m512i* lim, int64_t s,
+                 Lane16* S, __mmask16* see) {
+    __m512 acc[G][KB];
+    for (int g = 0; g < G; g++)
+        for (int u = 0; u < KB; u++) acc[g][u] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d++) {
+        __m512 q[G];
+        for (int g = 0; g < G; g++) q[g] = _mm512_load_ps(QT[g * D + d].f);
+        for (int u = 0; u < KB; u++) {
+            const __m512 k = _mm512_set1_ps(K[u * ld + d]);
+            for (int g = 0; g < G; g++) acc[g][u] = _mm512_fmadd_ps(k, q[g], acc[g][u]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int u = 0; u < KB; u++) {
+            const __mmask16 m = _mm512_cmpgt_epi32_mask(lim[g], _mm512_set1_epi32((int32_t)(s + u)));
+            see[g * LANE_KEYS + u] = m;
+            _mm512_store_ps(S[g * LANE_KEYS + u].f,
+                            _mm512_mask_blend_ps(m, _mm512_set1_ps(-INFINITY), _mm512_mul_ps(acc[g][u], scale)));
+        }
+}
+
+template <int G, int KB>
+void lane_scores_tail(int64_t n, const Lane16* QT, int64_t D, const float* K, int64_t ld, __m512 scale,
+                      const __m512i* lim, int64_t s, Lane16* S, __mmask16* see) {
+    if constexpr (KB > 0) {
+        if (n == KB) return lane_scores<G, KB>(QT, D, K, ld, scale, lim, s, S, see);
+        lane_scores_tail<G, KB - 1>(n, QT, D, K, ld, scale, lim, s, S, see);
+    }
+}
+
+// For G lane groups (outputs OT[g], D lines apart): OT[g][d0 + u] = OT[g][d0 + u] * corr[g] +
+// sum_j P[g][j] V[j][d0 + u] for NV columns, keys in order, each key only in the lanes that see it.
+template <int G, int NV>
+void lane_values(Lane16* OT, int64_t D, const __m512* corr, const Lane16* P, const __mmask16* see, const float* V,
+                 int64_t ld, int64_t ns, int64_t d0) {
+    __m512 o[G][NV];
+    for (int g = 0; g < G; g++)
+        for (int u = 0; u < NV; u++) o[g][u] = _mm512_mul_ps(_mm512_load_ps(OT[g * D + d0 + u].f), corr[g]);
+    for (int64_t j = 0; j < ns; j++) {
+        __m512 p[G];
+        for (int g = 0; g < G; g++) p[g] = _mm512_load_ps(P[g * LANE_KEYS + j].f);
+        const float* v = V + j * ld + d0;
+        for (int u = 0; u < NV; u++) {
+            const __m512 vb = _mm512_set1_ps(v[u]);
+            for (int g = 0; g < G; g++) o[g][u] = _mm512_mask3_fmadd_ps(vb, p[g], o[g][u], see[g * LANE_KEYS + j]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int u = 0; u < NV; u++) _mm512_store_ps(OT[g * D + d0 + u].f, o[g][u]);
+}
+
+// One key tile [s0, s0 + ns) for G lane groups starting at group gi: scores, the online softmax step
+// (lanes that have seen nothing yet subtract 0: exp(-inf - 0) = 0, never -inf - -inf), values.
+template <int G>
+void lane_tile(Lane16* QT, Lane16* OT, Lane16* M, Lane16* L, const Lane16i* lim, Lane16* S, __mmask16* see,
+               int64_t D, const float* K, const float* V, int64_t ld, int64_t s0, int64_t ns, __m512 scale) {
+    constexpr int KB = G == 1 ? 8 : 6, NV = 8;
+    __m512i lm[G];
+    for (int g = 0; g < G; g++) lm[g] = _mm512_load_si512(lim[g].i);
+    int64_t j = 0;
+    for (; j + KB <= ns; j += KB) lane_scores<G, KB>(QT, D, K + j * ld, ld, scale, lm, s0 + j, S + j, see + j);
+    if (j < ns) lane_scores_tail<G, KB - 1>(ns - j, QT, D, K + j * ld, ld, scale, lm, s0 + j, S + j, see + j);
+    __m512 corr[G];
+    for (int g = 0; g < G; g++) {
+        Lane16* sg = S + g * LANE_KEYS;
+        __m512 mt = _mm512_load_ps(sg[0].f);
+        for (j = 1; j < ns; j++) mt = _mm512_max_ps(mt, _mm512_load_ps(sg[j].f));
+        const __m512 m_old = _mm512_load_ps(M[g].f), m_new = _mm512_max_ps(m_old, mt);
+        const __m512 m_sub = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
+                                                  m_new, _mm512_setzero_ps());
+        corr[g] = exp16(_mm512_sub_ps(m_old, m_sub));
+        __m512 sum = _mm512_setzero_ps();
+        for (j = 0; j < ns; j++) {
+            const __m512 p = exp16(_mm512_sub_ps(_mm512_load_ps(sg[j].f), m_sub));
+            _mm512_store_ps(sg[j].f, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        _mm512_store_ps(M[g].f, m_new);
+        _mm512_store_ps(L[g].f, _mm512_fmadd_ps(_mm512_load_ps(L[g].f), corr[g], sum));
+    }
+    int64_t d = 0;
+    for (; d + NV <= D; d += NV) lane_values<G, NV>(OT, D, corr, S, see, V, ld, ns, d);
+    for (; d < D; d++) lane_values<G, 1>(OT, D, corr, S, see, V, ld, ns, d);
+}
+
+// The scratch of one thread: Lane16 lines, ints too (a std::vector<float> here would emit weak symbols
+// compiled for AVX-512 that the linker could pick for every other file).
+struct LaneScratch {
+    std::vector<Lane16> lines;
+    std::vector<Lane16i> ints;
+};
+
+template <KvType KV>
+void attention_lanes(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_t t0, int64_t t1) {
+    constexpr bool CONVERT = KV != KvType::F32;
+    const int64_t D = a.D, nh = h1 - h0, nr = nh * (t1 - t0), ng = (nr + 15) / 16, kv_stride = a.n_head_kv * D;
+    const int64_t tile_lines = CONVERT ? (LANE_KEYS * D + 15) / 16 : 0;
+    thread_local LaneScratch scratch;
+    // QT [ng][D], OT [ng][D], m, l [ng], scores [2][LANE_KEYS], then the K and V tiles [LANE_KEYS, D]
+    scratch.lines.resize(2 * ng * D + 2 * ng + 2 * LANE_KEYS + 2 * tile_lines);
+    scratch.ints.resize(ng);
+    Lane16 *QT = scratch.lines.data(), *OT = QT + ng * D, *M = OT + ng * D, *L = M + ng, *S = L + ng;
+    float* Kt = S[2 * LANE_KEYS].f;
+    float* Vt = Kt + tile_lines * 16;
+    Lane16i* lim = scratch.ints.data();
+    int64_t L_max = 0;
+    for (int64_t gi = 0; gi < ng; gi++) {
+        for (int lane = 0; lane < 16; lane++) {
+            const int64_t r = gi * 16 + lane;
+            if (r < nr) {
+                const int64_t t = t0 + r / nh, h = h0 + r % nh;
+                const float* q = a.q + (t * a.n_head + h) * D;
+                for (int64_t d = 0; d < D; d++) QT[gi * D + d].f[lane] = q[d];
+                lim[gi].i[lane] = a.limit[t];
+                L_max = std::max<int64_t>(L_max, a.limit[t]);
+            } else {
+                for (int64_t d = 0; d < D; d++) QT[gi * D + d].f[lane] = 0.f;
+                lim[gi].i[lane] = 0;
+            }
+        }
+        _mm512_store_ps(M[gi].f, _mm512_set1_ps(-INFINITY));
+        _mm512_store_ps(L[gi].f, _mm512_setzero_ps());
+        for (int64_t d = 0; d < D; d++) _mm512_store_ps(OT[gi * D + d].f, _mm512_setzero_ps());
+    }
+    const __m512 scale = _mm512_set1_ps(a.scale);
+    __mmask16 see[2 * LANE_KEYS];
+
+    for (int64_t s0 = 0; s0 < L_max; s0 += LANE_KEYS) {
+        const int64_t ns = std::min(LANE_KEYS, L_max - s0);
+        const float *K, *V;
+        int64_t ld;
+        if constexpr (KV == KvType::F16) {
+            const uint16_t* kc = (const uint16_t*)a.k + s0 * kv_stride + g * D;
+            const uint16_t* vc = (const uint16_t*)a.v + s0 * kv_stride + g * D;
+            for (int64_t j = 0; j < ns; j++) {
+                const uint16_t* kr = kc + j * kv_stride;
+                const uint16_t* vr = vc + j * kv_stride;
+                float* kt = Kt + j * D;
+                float* vt = Vt + j * D;
+                int64_t d = 0;
+                for (; d + 16 <= D; d += 16) {
+                    if (d % 32 == 0 && s0 + LANE_KEYS + j < L_max) {  // the same row of the next tile
+                        __builtin_prefetch(kr + LANE_KEYS * kv_stride + d);
+                        __builtin_prefetch(vr + LANE_KEYS * kv_stride + d);
+                    }
+                    _mm512_storeu_ps(kt + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(kr + d))));
+                    _mm512_storeu_ps(vt + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(vr + d))));
+                }
+                for (; d < D; d++) {
+                    kt[d] = fp16_to_f32(kr[d]);
+                    vt[d] = fp16_to_f32(vr[d]);
+                }
+            }
+            K = Kt, V = Vt, ld = D;
+        } else if constexpr (KV == KvType::Q8_0) {
+            const int64_t hb = kv_head_bytes(KV, D), row = a.n_head_kv * hb;
+            for (int64_t j = 0; j < ns; j++)
+                for (int w = 0; w < 2; w++) {
+                    const uint8_t* src = (const uint8_t*)(w ? a.v : a.k) + (s0 + j) * row + g * hb;
+                    float* dst = (w ? Vt : Kt) + j * D;
+                    for (int64_t b = 0; b < D / KV_Q8_BLOCK; b++) {
+                        const uint8_t* blk = src + b * KV_Q8_BLOCK_BYTES;
+                        if (s0 + LANE_KEYS + j < L_max && b % 2 == 0) __builtin_prefetch(blk + LANE_KEYS * row);
+                        uint16_t dh;
+                        std::memcpy(&dh, blk, 2);
+                        const __m512 sc = _mm512_set1_ps(fp16_to_f32(dh));
+                        for (int u = 0; u < 2; u++)
+                            _mm512_storeu_ps(dst + b * KV_Q8_BLOCK + 16 * u,
+                                             _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                                                   (const __m128i*)(blk + 2 + 16 * u))))));
+                    }
+                }
+            K = Kt, V = Vt, ld = D;
+        } else {
+            K = (const float*)a.k + s0 * kv_stride + g * D;
+            V = (const float*)a.v + s0 * kv_stride + g * D;
+            ld = kv_stride;
+        }
+        // pairs of lane groups share each broadcast key and value; a group no lane of which sees the
+        // tile is skipped (computed with its pair it would change nothing: -inf scores, masked values)
+        auto active = [&](int64_t gi) { return _mm512_reduce_max_epi32(_mm512_load_si512(lim[gi].i)) > s0; };
+        for (int64_t gi = 0; gi < ng;) {
+            if (!active(gi)) {
+                gi++;
+            } else if (gi + 1 < ng && active(gi + 1)) {
+                lane_tile<2>(QT + gi * D, OT + gi * D, M + gi, L + gi, lim + gi, S, see, D, K, V, ld, s0, ns, scale);
+                gi += 2;
+            } else {
+                lane_tile<1>(QT + gi * D, OT + gi * D, M + gi, L + gi, lim + gi, S, see, D, K, V, ld, s0, ns, scale);
+                gi++;
+            }
+        }
+    }
+
+    for (int64_t r = 0; r < nr; r++) {
+        const int64_t gi = r / 16, lane = r % 16, t = t0 + r / nh, h = h0 + r % nh;
+        float* o = a.o + (t * a.n_head + h) * D;
+        const float l = L[gi].f[lane];
+        const float inv = l > 0.f ? 1.f / l : 0.f;  // no visible row: zeros
+        const float* gt = a.gate ? a.gate + (t * a.n_head + h) * D : nullptr;
+        for (int64_t d = 0; d < D; d++) o[d] = OT[gi * D + d].f[lane] * inv;
+        if (gt) {
+            int64_t d = 0;
+            const __m512 one = _mm512_set1_ps(1.f);
+            for (; d + 16 <= D; d += 16) {
+                const __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(),
+                                                                                             _mm512_loadu_ps(gt + d)))));
+                _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), sg));
+            }
+            for (; d < D; d++) o[d] *= 1.f / (1.f + std::exp(-gt[d]));
+        }
+    }
+}
+
 ModelKernels make_table() {
     ModelKernels k = *model_kernels_avx2();
     k.isa = "avx512";
     k.gdn_recurrent = gdn_recurrent_avx512;
+    k.attention_lanes_f32 = attention_lanes<KvType::F32>;
+    k.attention_lanes_f16 = attention_lanes<KvType::F16>;
+    k.attention_lanes_q8_0 = attention_lanes<KvType::Q8_0>;
     return k;
 }
 

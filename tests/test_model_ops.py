@@ -201,6 +201,10 @@ ATTN_CASES = [
     (6, 8, 2, 64, 80, 70, 64, "block_causal", 8),
     (7, 16, 2, 36, 100, 100, 93, "causal", 1),  # 8 query heads per kv head
     (5, 3, 3, 16, 64, 40, 2, "causal", 1),  # Hq == Hkv; queries early in a longer cache
+    # >= 16 query rows per kv head: the AVX-512 kernel with query rows in lanes
+    (24, 4, 2, 64, 300, 290, 260, "causal", 1),  # several key tiles, the last one partial
+    (17, 3, 3, 20, 100, 90, 70, "block_causal", 8),  # 17 rows: a lane group of 1; D = 20
+    (16, 16, 1, 36, 90, 90, 60, "causal", 1),  # 16 query heads per kv head
 ]
 
 
@@ -235,6 +239,7 @@ Q8_CASES = [
     (6, 8, 2, 64, 80, 70, 64, "block_causal", 8),
     (3, 16, 2, 256, 100, 100, 93, "causal", 1),  # the Clover head dim, 8 query heads per kv head
     (5, 3, 3, 96, 64, 40, 2, "block_causal", 32),
+    (12, 16, 2, 256, 100, 100, 80, "block_causal", 8),  # query rows in lanes
 ]
 
 
@@ -265,11 +270,12 @@ def test_attention_q8_0(case, rng):
         check_close(got, unquantized, TOL_ATTN_Q8, f"attention q8_0 vs f32 cache {isa} {case}")
 
 
-def test_attention_adversarial(rng):
-    T, Hq, Hkv, D, S = 3, 4, 2, 24, 50
+@pytest.mark.parametrize("T", [3, 16])  # 16 tokens x 2 query heads per kv head: rows in lanes
+def test_attention_adversarial(T, rng):
+    Hq, Hkv, D, S = 4, 2, 24, 50
     k = f32(rng, S, Hkv, D)
     v = f32(rng, S, Hkv, D)
-    pos = np.array([40, 41, 3], np.int32)  # positions in any order
+    pos = np.resize(np.array([40, 41, 3, 0, 45], np.int32), T)  # positions in any order
     for isa in ISAS:
         # peaked softmax: scores in the thousands need the max subtraction
         q = f32(rng, T, Hq, D, scale=300.0)
