@@ -3,7 +3,7 @@
 // 512-token forward on the bench twin (each element of the state: two multiply-adds to read it, one
 // multiply and one multiply-add to update it, per token). Per element the operations are the AVX2
 // kernel's, in the same order; only k.q is summed in a different order. And attention with query rows
-// in lanes for calls with 16 or more query rows per kv head (prefill, diffusion blocks): no horizontal
+// in lanes for calls with 8 or more query rows per kv head (prefill, diffusion blocks): no horizontal
 // sums, 2-3x the AVX2 kernel's speed (bench/NOTES.md, change 25).
 // GCC 12's AVX-512 intrinsic headers start vectors from _mm512_undefined_*(), which -W(maybe-)uninitialized
 // reports in every caller (GCC bug 105593, fixed in 13): silenced for this file only.

@@ -201,7 +201,7 @@ ATTN_CASES = [
     (6, 8, 2, 64, 80, 70, 64, "block_causal", 8),
     (7, 16, 2, 36, 100, 100, 93, "causal", 1),  # 8 query heads per kv head
     (5, 3, 3, 16, 64, 40, 2, "causal", 1),  # Hq == Hkv; queries early in a longer cache
-    # >= 16 query rows per kv head: the AVX-512 kernel with query rows in lanes
+    # >= 8 query rows per kv head (and above: (4, 4, 2, ...), (6, 8, 2, ...)): the AVX-512 kernel with query rows in lanes
     (24, 4, 2, 64, 300, 290, 260, "causal", 1),  # several key tiles, the last one partial
     (17, 3, 3, 20, 100, 90, 70, "block_causal", 8),  # 17 rows: a lane group of 1; D = 20
     (16, 16, 1, 36, 90, 90, 60, "causal", 1),  # 16 query heads per kv head
