@@ -267,7 +267,8 @@ void attention(const ModelKernels& kr, const float* q, const void* k, const void
     const attention_fn lanes = kv == KvType::F16    ? kr.attention_lanes_f16
                                : kv == KvType::Q8_0 ? kr.attention_lanes_q8_0
                                                     : kr.attention_lanes_f32;
-    const bool use_lanes = lanes && T * group >= ATTN_LANE_ROWS;
+    // (the 8-lane kernel compares key indices as floats: exact below 2^24)
+    const bool use_lanes = lanes && T * group >= ATTN_LANE_ROWS && n_kv < (int64_t(1) << 24);
     const attention_fn fn = use_lanes          ? lanes
                             : kv == KvType::F16  ? kr.attention_f16
                             : kv == KvType::Q8_0 ? kr.attention_q8_0

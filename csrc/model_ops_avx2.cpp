@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +29,7 @@ inline V8 max8(V8 a, V8 b) { return _mm256_max_ps(a, b); }
 inline V8 min8(V8 a, V8 b) { return _mm256_min_ps(a, b); }
 inline V8 fma8(V8 a, V8 b, V8 c) { return _mm256_fmadd_ps(a, b, c); }    // a b + c
 inline V8 fnma8(V8 a, V8 b, V8 c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a b
+inline V8 lt_select8(V8 a, V8 b, V8 x, V8 y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
 inline V8 f16x8_to_8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 inline V8 i8x8_to_8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));

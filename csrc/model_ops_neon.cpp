@@ -4,6 +4,7 @@
 #include <arm_neon.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -35,6 +36,9 @@ inline V8 max8(V8 a, V8 b) { return {vmaxq_f32(a.lo, b.lo), vmaxq_f32(a.hi, b.hi
 inline V8 min8(V8 a, V8 b) { return {vminq_f32(a.lo, b.lo), vminq_f32(a.hi, b.hi)}; }
 inline V8 fma8(V8 a, V8 b, V8 c) { return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)}; }  // a b + c
 inline V8 fnma8(V8 a, V8 b, V8 c) { return {vfmsq_f32(c.lo, a.lo, b.lo), vfmsq_f32(c.hi, a.hi, b.hi)}; }  // c - a b
+inline V8 lt_select8(V8 a, V8 b, V8 x, V8 y) {  // a < b ? x : y
+    return {vbslq_f32(vcltq_f32(a.lo, b.lo), x.lo, y.lo), vbslq_f32(vcltq_f32(a.hi, b.hi), x.hi, y.hi)};
+}
 
 // The AVX2 file's horizontal reductions pair the halves first, then within a half: the same here.
 inline float hsum(V8 v) { return vaddvq_f32(vaddq_f32(v.lo, v.hi)); }

@@ -457,9 +457,11 @@ void test_model_ops(const std::string& name, const ModelKernels& mk, std::mt1993
             check(name + " matmul beta=" + std::to_string(beta), c1.data(), c2.data(), c1.size(), TOL_OPS);
         }
     }
-    // attention over f32, f16 and Q8_0 caches, causal and block-causal, with and without the gate
+    // attention over f32, f16 and Q8_0 caches, causal and block-causal, with and without the gate; one
+    // token (4 query rows per kv head: the head-in-lanes kernel) and five (20 rows: rows in lanes)
+    for (int64_t T : {1, 5})
     for (int64_t D : {32, 40, 256}) {
-        const int64_t T = 5, Hq = 8, Hkv = 2, S = 77, n_kv = 75;
+        const int64_t Hq = 8, Hkv = 2, S = 77, n_kv = 75;
         std::vector<float> q = normal(rng, T * Hq * D, 1.f), gate = normal(rng, T * Hq * D, 2.f);
         std::vector<float> k = normal(rng, S * Hkv * D, 1.f), v = normal(rng, S * Hkv * D, 1.f);
         std::vector<uint16_t> k16(k.size()), v16(v.size());
@@ -483,7 +485,7 @@ void test_model_ops(const std::string& name, const ModelKernels& mk, std::mt1993
                     const float* G = gated ? gate.data() : nullptr;
                     attention(mk, q.data(), K, V, kv, pos.data(), G, T, Hq, Hkv, D, n_kv, mask, 8, 0.1f, o1.data());
                     attention(ref, q.data(), K, V, kv, pos.data(), G, T, Hq, Hkv, D, n_kv, mask, 8, 0.1f, o2.data());
-                    check(name + " attention D=" + std::to_string(D) + " kv=" + std::to_string((int)kv) +
+                    check(name + " attention T=" + std::to_string(T) + " D=" + std::to_string(D) + " kv=" + std::to_string((int)kv) +
                               (mask == AttnMask::Causal ? " causal" : " block") + (gated ? " gated" : ""),
                           o1.data(), o2.data(), o1.size(), TOL_OPS);
                 }
