@@ -267,7 +267,8 @@ void attention(const ModelKernels& kr, const float* q, const void* k, const void
     const attention_fn lanes = kv == KvType::F16    ? kr.attention_lanes_f16
                                : kv == KvType::Q8_0 ? kr.attention_lanes_q8_0
                                                     : kr.attention_lanes_f32;
-    // (the 8-lane kernel compares key indices as floats: exact below 2^24)
+    // (the 8-lane kernels compare key indices as floats, exact below 2^24; the AVX-512 one compares
+    // integers, but one bound for all keeps the choice simple: no model here comes near 16M positions)
     const bool use_lanes = lanes && T * group >= ATTN_LANE_ROWS && n_kv < (int64_t(1) << 24);
     const attention_fn fn = use_lanes          ? lanes
                             : kv == KvType::F16  ? kr.attention_f16
@@ -278,7 +279,7 @@ void attention(const ModelKernels& kr, const float* q, const void* k, const void
     // task for all its query rows. Token chunks shrink towards ~4 tasks per thread; heads are split
     // only while some thread would have no task (each split reads the cache once more). Each row's
     // arithmetic does not depend on how rows are grouped, so the split may follow the thread count.
-    // Lane tasks keep all the kv head's query heads and at least ATTN_LANE_ROWS rows.
+    // Lane tasks keep at least ATTN_LANE_ROWS rows unless a thread would have no task.
     auto n_chunks = [&](int64_t tc) { return (T + tc - 1) / tc; };
     const int64_t min_tc = use_lanes ? (ATTN_LANE_ROWS + group - 1) / group : 1;
     int64_t tc = std::min<int64_t>(T, std::max<int64_t>(min_tc, (use_lanes ? 128 : 64) / group));
@@ -290,7 +291,7 @@ void attention(const ModelKernels& kr, const float* q, const void* k, const void
     };
     while (shrink(tc)) tc = std::max(min_tc, (tc + 1) / 2);
     int64_t hs = group;
-    while (!use_lanes && hs > 1 && n_head_kv * (group / hs) * n_chunks(tc) < n_threads) {
+    while (hs > 1 && n_head_kv * (group / hs) * n_chunks(tc) < n_threads) {
         int64_t d = hs - 1;
         while (group % d) d--;  // the next smaller divisor of the group
         hs = d;

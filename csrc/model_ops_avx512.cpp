@@ -253,7 +253,7 @@ void attention_lanes(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64
     scratch.lines.resize(2 * ng * D + 2 * ng + 2 * LANE_KEYS + 2 * tile_lines);
     scratch.ints.resize(ng);
     Lane16 *QT = scratch.lines.data(), *OT = QT + ng * D, *M = OT + ng * D, *L = M + ng, *S = L + ng;
-    float* Kt = S[2 * LANE_KEYS].f;
+    float* Kt = reinterpret_cast<float*>(S + 2 * LANE_KEYS);  // (past the scores; no tiles for f32 caches)
     float* Vt = Kt + tile_lines * 16;
     Lane16i* lim = scratch.ints.data();
     int64_t L_max = 0;

@@ -306,21 +306,32 @@ def test_attention_block_causal_sees_own_block(rng):
         assert not o.any()
 
 
-@pytest.mark.parametrize("kv,D", [("f16", 40), ("q8_0", 64)])
-def test_attention_threads(kv, D, rng, threads):
-    q = f32(rng, 9, 8, D)
-    if kv == "f16":
-        k = f32(rng, 70, 2, D).astype(np.float16)
-        v = f32(rng, 70, 2, D).astype(np.float16)
+@pytest.mark.parametrize(
+    "kv,D,T,Hq,mask",
+    [
+        ("f16", 40, 9, 8, "block_causal"),  # 36 query rows per kv head: rows in lanes
+        ("q8_0", 64, 9, 8, "block_causal"),
+        ("f16", 40, 3, 4, "block_causal"),  # 6 rows: the head-in-lanes kernel, heads split across threads
+        ("f32", 24, 40, 2, "causal"),  # lanes; one task's limits span two key tiles (rows skip a tile)
+        ("f16", 64, 1, 16, "causal"),  # a decode step, 8 query heads per kv head: lanes, heads split
+    ],
+)
+def test_attention_threads(kv, D, T, Hq, mask, rng, threads):
+    S = 70
+    q = f32(rng, T, Hq, D)
+    if kv == "q8_0":
+        k, _ = q8_cache(f32(rng, S, 2, D))
+        v, _ = q8_cache(f32(rng, S, 2, D))
     else:
-        k, _ = q8_cache(f32(rng, 70, 2, D))
-        v, _ = q8_cache(f32(rng, 70, 2, D))
-    pos = np.arange(60, 69, dtype=np.int32)
+        k, v = f32(rng, S, 2, D), f32(rng, S, 2, D)
+        if kv == "f16":
+            k, v = k.astype(np.float16), v.astype(np.float16)
+    pos = np.arange(S - T, S, dtype=np.int32)
     for isa in ISAS:
         outs = []
         for n in (1, 2, 3):
             threads(n)
-            outs.append(ops.attention(q, k, v, pos, 70, mask="block_causal", block_length=8, isa=isa))
+            outs.append(ops.attention(q, k, v, pos, S, mask=mask, block_length=8, isa=isa))
         assert all(np.array_equal(outs[0], o) for o in outs[1:]), isa
 
 

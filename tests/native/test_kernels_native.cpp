@@ -457,11 +457,12 @@ void test_model_ops(const std::string& name, const ModelKernels& mk, std::mt1993
             check(name + " matmul beta=" + std::to_string(beta), c1.data(), c2.data(), c1.size(), TOL_OPS);
         }
     }
-    // attention over f32, f16 and Q8_0 caches, causal and block-causal, with and without the gate; one
-    // token (4 query rows per kv head: the head-in-lanes kernel) and five (20 rows: rows in lanes)
-    for (int64_t T : {1, 5})
+    // attention over f32, f16 and Q8_0 caches, causal and block-causal, with and without the gate;
+    // 1 x 4 and 3 x 2 (tokens x query heads per kv head: the head-in-lanes kernel) and 5 x 4 (20 rows:
+    // rows in lanes)
+    for (int64_t T : {1, 3, 5})
     for (int64_t D : {32, 40, 256}) {
-        const int64_t Hq = 8, Hkv = 2, S = 77, n_kv = 75;
+        const int64_t Hq = T == 3 ? 4 : 8, Hkv = 2, S = 77, n_kv = 75;
         std::vector<float> q = normal(rng, T * Hq * D, 1.f), gate = normal(rng, T * Hq * D, 2.f);
         std::vector<float> k = normal(rng, S * Hkv * D, 1.f), v = normal(rng, S * Hkv * D, 1.f);
         std::vector<uint16_t> k16(k.size()), v16(v.size());
