@@ -308,6 +308,7 @@ py::dict py_system_info() {
     feats["avx512bw"] = f.avx512bw;
     feats["avx512vl"] = f.avx512vl;
     feats["avx512vnni"] = f.avx512vnni;
+    feats["avxvnni"] = f.avxvnni;
     feats["neon"] = f.neon;
     feats["dotprod"] = f.dotprod;
     feats["i8mm"] = f.i8mm;

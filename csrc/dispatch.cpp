@@ -1,4 +1,5 @@
-// Picks the kernel table once, from what the CPU and OS report; CLOVER_ISA=ref|avx2|avx512|neon forces one.
+// Picks the kernel table once, from what the CPU and OS report; CLOVER_ISA=ref|avx2|avxvnni|avx512|neon
+// forces one.
 #include "dispatch.h"
 
 #include "quants.h"
@@ -30,6 +31,9 @@ const Kernels* kernels_neon() { return nullptr; }
 #if !defined(CLOVER_HAVE_AVX512)
 const Kernels* kernels_avx512() { return nullptr; }
 #endif
+#if !defined(CLOVER_HAVE_AVXVNNI)
+const Kernels* kernels_avxvnni() { return nullptr; }
+#endif
 
 CpuFeatures cpu_features() {
     CpuFeatures f;
@@ -47,6 +51,7 @@ CpuFeatures cpu_features() {
     f.avx512bw = __builtin_cpu_supports("avx512bw");
     f.avx512vl = __builtin_cpu_supports("avx512vl");
     f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+    f.avxvnni = __builtin_cpu_supports("avxvnni");
 #elif defined(__aarch64__)
     f.neon = true;  // Advanced SIMD is mandatory in AArch64
 #if defined(__linux__)
@@ -69,6 +74,7 @@ std::vector<std::string> available_isas() {
     std::vector<std::string> out = {"ref"};
     const CpuFeatures f = cpu_features();
     if (kernels_avx2() && f.avx2 && f.fma && f.f16c) out.push_back("avx2");
+    if (kernels_avxvnni() && f.avx2 && f.fma && f.f16c && f.avxvnni) out.push_back("avxvnni");
     if (kernels_avx512() && f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni)
         out.push_back("avx512");
     if (kernels_neon() && f.neon) out.push_back("neon");
@@ -86,6 +92,7 @@ const Kernels& kernels_for(const std::string& isa) {
     }
     if (isa == "avx2") return *kernels_avx2();
     if (isa == "avx512") return *kernels_avx512();
+    if (isa == "avxvnni") return *kernels_avxvnni();
     if (isa == "neon") return *kernels_neon();
     return kernels_ref();
 }

@@ -1,15 +1,22 @@
 // The ISA-independent scaffolding of the matrix-product kernel files (kernels_avx2.cpp,
-// kernels_avx512.cpp, kernels_neon.cpp): the argument block, the walk over register tiles, the
-// software prefetch of the weight stream and the k-quant scale header. Everything here is in an
+// kernels_avx512.cpp, kernels_avxvnni.cpp, kernels_neon.cpp): the argument block, the walk over register
+// tiles, the software prefetch of the weight stream, the k-quant scale header and the driver of the
+// k-quant lane-layout tiles. Everything here is in an
 // anonymous namespace on purpose: each ISA file gets its own copy compiled with its own target flags
 // (one shared inline copy could be picked by the linker for every file and run one ISA's code on a CPU
 // that lacks it).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "formats.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace clover {
 namespace {
@@ -67,6 +74,84 @@ inline void decode_k4_header(const uint8_t* s12, uint32_t out[4]) {
     out[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
     out[2] = u[1] & kmask1;
     out[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+}
+
+#if defined(__AVX2__)  // (the AVX2-compiled files only)
+// The 12-byte q4_K scale header as 16 bytes: the 6-bit scales (bytes 0-7) and mins (8-15); what
+// decode_k4_header computes with scalar words, here by 32-bit lanes: two byte shuffles and a few shifts.
+inline __m128i k4_header(const uint8_t* s12) {
+    const __m128i h = _mm_loadu_si128((const __m128i*)s12);  // (+ 4 bytes of the block's nibbles, unused)
+    const __m128i lo = _mm_and_si128(
+        _mm_srlv_epi32(_mm_shuffle_epi8(h, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)),
+                       _mm_setr_epi32(0, 0, 0, 4)),
+        _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_slli_epi32(
+        _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi8(h, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5,
+                                                                           6, 7)), 6),
+                      _mm_set1_epi32(0x03030303)),
+        4);
+    return _mm_or_si128(lo, hi);
+}
+#endif
+
+// ---- k-quant lane-layout tiles, two or more tokens (kernels_avx512.cpp, kernels_avxvnni.cpp) ----
+
+// How a tile gets a weight row: unpacked from the file's blocks (RAW), from a row unpacked earlier
+// (LOAD), or from the blocks while storing the unpacked form for the next token groups (STORE).
+enum class Rows { RAW, LOAD, STORE };
+
+// Kind::tile<rn, R> for 1 <= rn <= Kind::GROUP (only those sizes are instantiated).
+template <class Kind, Rows R, int RN = Kind::GROUP>
+void tile_tokens(int rn, const uint8_t* w, typename Kind::U* u, const typename Kind::X* x, int64_t nb, float* y,
+                 int64_t ldy) {
+    if constexpr (RN >= 1) {
+        if (rn == RN)
+            Kind::template tile<RN, R>(w, u, x, nb, y, ldy);
+        else
+            tile_tokens<Kind, R, RN - 1>(rn, w, u, x, nb, y, ldy);
+    }
+}
+
+// Rows [n0, n1) x M tokens. Loop order for the caches: a group of tokens' activations stays in L1 while
+// a chunk of weight rows (at most ~192 KB, L2-resident) streams past it.
+template <class Kind>
+void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y,
+                       int64_t ldy, int64_t n0, int64_t n1) {
+    using XT = typename Kind::X;
+    constexpr int TPE = Kind::TOKENS_PER_ENTRY;
+    static_assert(Kind::GROUP % TPE == 0 && 8 % TPE == 0, "token groups start on an entry");
+    const int64_t nb = K / QK_K;
+    thread_local std::vector<XT> xt;
+    xt.resize((size_t)(M + TPE - 1) / TPE * nb);
+    for (int t = 0; t < M; t += TPE)
+        for (int64_t b = 0; b < nb; b++) {
+            const block_q8_K* src[TPE];
+            for (int i = 0; i < TPE; i++) src[i] = t + i < M ? (const block_q8_K*)(X + (t + i) * xrb) + b : nullptr;
+            Kind::reorder(src, &xt[t / TPE * nb + b]);
+        }
+    const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
+    // Several token groups: the first unpacks each row of a chunk while it computes (the weight stream
+    // overlaps the products) and stores it; the others load it.
+    const bool pre = M > Kind::GROUP;
+    thread_local std::vector<typename Kind::U> ut;
+    if (pre) ut.resize((size_t)std::min(chunk, n1 - n0) * nb);
+    for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
+        const int64_t c1 = std::min(n1, c0 + chunk);
+        for (int m = 0; m < M; m += Kind::GROUP) {
+            const XT* x = xt.data() + m / TPE * nb;
+            const int rn = std::min(Kind::GROUP, M - m);
+            for (int64_t n = c0; n < c1; n++) {
+                typename Kind::U* u = pre ? &ut[(n - c0) * nb] : nullptr;
+                float* y = Y + m * ldy + n;
+                if (!pre)
+                    tile_tokens<Kind, Rows::RAW>(rn, W + n * wrb, u, x, nb, y, ldy);
+                else if (m == 0)
+                    tile_tokens<Kind, Rows::STORE>(rn, W + n * wrb, u, x, nb, y, ldy);
+                else
+                    tile_tokens<Kind, Rows::LOAD>(rn, W + n * wrb, u, x, nb, y, ldy);
+            }
+        }
+    }
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ using gemm_fn = void (*)(const uint8_t* W, size_t w_row_bytes, const uint8_t* X,
 struct Kernels {
     const char* isa;
     // The SIMD family of the ISA's other code (model operators, quantizer searches): "ref", "avx2" (the
-    // avx512 table too: it is the AVX2 table with AVX-512 k-quant products) or "neon".
+    // avx512 and avxvnni tables too: the AVX2 table with other k-quant products) or "neon".
     const char* family;
     gemm_fn gemm_f32;
     gemm_fn gemm_f16;
@@ -45,6 +45,7 @@ const Kernels& kernels_ref();
 // Defined only in builds that compile the ISA file; null when the host compiler cannot target it.
 const Kernels* kernels_avx2();
 const Kernels* kernels_avx512();  // the AVX2 table with AVX-512 VNNI k-quant kernels
+const Kernels* kernels_avxvnni();  // the AVX2 table with AVX-VNNI (256-bit) q4_K tiles
 const Kernels* kernels_neon();
 
 }  // namespace clover

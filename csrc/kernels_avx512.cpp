@@ -48,26 +48,7 @@ inline __m512 fma_i32(__m512i sum, float s, __m512 acc) {
 // ---- q4_K: 8 sub-blocks of 32 with 6-bit scales and mins; step c covers sub-blocks 2c (low nibbles
 // of qs[32c..32c+31]) and 2c+1 (high nibbles), activations x.qs[64c..64c+63] ----
 
-// The 12-byte q4_K scale header as 16 bytes: the 6-bit scales (bytes 0-7) and mins (8-15); what
-// decode_k4_header computes with scalar words, here by 32-bit lanes: two byte shuffles and a few shifts.
-inline __m128i k4_header(const uint8_t* s12) {
-    const __m128i h = _mm_loadu_si128((const __m128i*)s12);  // (+ 4 bytes of the block's nibbles, unused)
-    const __m128i lo = _mm_and_si128(
-        _mm_srlv_epi32(_mm_shuffle_epi8(h, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)),
-                       _mm_setr_epi32(0, 0, 0, 4)),
-        _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    const __m128i hi = _mm_slli_epi32(
-        _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi8(h, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5,
-                                                                           6, 7)), 6),
-                      _mm_set1_epi32(0x03030303)),
-        4);
-    return _mm_or_si128(lo, hi);
-}
-
 // ---- k-quants, two or more tokens ----
-// How a tile gets a weight row: unpacked from the file's blocks (RAW), from a row unpacked earlier
-// (LOAD), or from the blocks while storing the unpacked form for the next token groups (STORE).
-enum class Rows { RAW, LOAD, STORE };
 // The products run on vpdpbusd (4 per int32 lane) with the sub-block scales applied once per
 // super-block, in float: each of the four 64-weight vectors of a super-block puts the same sub-block
 // in lane L (q4_K: sub-block L / 2, its weights 16 (L % 2) + 4c .. + 3 in vector c; q6_K: sub-block L,
@@ -272,60 +253,6 @@ struct KindQ6K {
         for (int t = 0; t < RN; t++) Y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
     }
 };
-
-// Kind::tile<rn, R> for 1 <= rn <= Kind::GROUP (only those sizes are instantiated).
-template <class Kind, Rows R, int RN = Kind::GROUP>
-void tile_tokens(int rn, const uint8_t* w, typename Kind::U* u, const typename Kind::X* x, int64_t nb, float* y,
-                 int64_t ldy) {
-    if constexpr (RN >= 1) {
-        if (rn == RN)
-            Kind::template tile<RN, R>(w, u, x, nb, y, ldy);
-        else
-            tile_tokens<Kind, R, RN - 1>(rn, w, u, x, nb, y, ldy);
-    }
-}
-
-// Rows [n0, n1) x M tokens. Loop order for the caches: a group of tokens' activations stays in L1 while
-// a chunk of weight rows (at most ~192 KB, L2-resident) streams past it.
-template <class Kind>
-void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y,
-                       int64_t ldy, int64_t n0, int64_t n1) {
-    using XT = typename Kind::X;
-    constexpr int TPE = Kind::TOKENS_PER_ENTRY;
-    static_assert(Kind::GROUP % TPE == 0 && 8 % TPE == 0, "token groups start on an entry");
-    const int64_t nb = K / QK_K;
-    thread_local std::vector<XT> xt;
-    xt.resize((size_t)(M + TPE - 1) / TPE * nb);
-    for (int t = 0; t < M; t += TPE)
-        for (int64_t b = 0; b < nb; b++) {
-            const block_q8_K* src[TPE];
-            for (int i = 0; i < TPE; i++) src[i] = t + i < M ? (const block_q8_K*)(X + (t + i) * xrb) + b : nullptr;
-            Kind::reorder(src, &xt[t / TPE * nb + b]);
-        }
-    const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
-    // Several token groups: the first unpacks each row of a chunk while it computes (the weight stream
-    // overlaps the products) and stores it; the others load it.
-    const bool pre = M > Kind::GROUP;
-    thread_local std::vector<typename Kind::U> ut;
-    if (pre) ut.resize((size_t)std::min(chunk, n1 - n0) * nb);
-    for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
-        const int64_t c1 = std::min(n1, c0 + chunk);
-        for (int m = 0; m < M; m += Kind::GROUP) {
-            const XT* x = xt.data() + m / TPE * nb;
-            const int rn = std::min(Kind::GROUP, M - m);
-            for (int64_t n = c0; n < c1; n++) {
-                typename Kind::U* u = pre ? &ut[(n - c0) * nb] : nullptr;
-                float* y = Y + m * ldy + n;
-                if (!pre)
-                    tile_tokens<Kind, Rows::RAW>(rn, W + n * wrb, u, x, nb, y, ldy);
-                else if (m == 0)
-                    tile_tokens<Kind, Rows::STORE>(rn, W + n * wrb, u, x, nb, y, ldy);
-                else
-                    tile_tokens<Kind, Rows::LOAD>(rn, W + n * wrb, u, x, nb, y, ldy);
-            }
-        }
-    }
-}
 
 // One token (GEMV) over q4_K: the scale header decoded with two byte shuffles and a few shifts; 64
 // bytes of nibbles unpacked with two ANDs and one shift (sub-blocks 0 and 2 in the low nibbles, 1 and

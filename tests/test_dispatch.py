@@ -23,8 +23,14 @@ def test_system_info_fields():
     assert info["threads"] >= 1 and info["default_threads"] >= 1
     if platform.machine() in ("x86_64", "AMD64") and info["cpu_features"]["avx2"] and info["cpu_features"]["fma"]:
         f = info["cpu_features"]
-        best = "avx512" if all(f[k] for k in ("avx512f", "avx512bw", "avx512vl", "avx512vnni")) else "avx2"
+        if all(f[k] for k in ("avx512f", "avx512bw", "avx512vl", "avx512vnni")):
+            best = "avx512"
+        elif f["avxvnni"] and "avxvnni" in info["available_isas"]:  # (a compiler without -mavxvnni: absent)
+            best = "avxvnni"
+        else:
+            best = "avx2"
         assert "avx2" in info["available_isas"] and info["isa"] == best
+        assert ("avxvnni" in info["available_isas"]) <= f["avxvnni"]
     if platform.machine() in ("aarch64", "arm64"):
         assert info["isa"] == "neon"
 
