@@ -51,7 +51,14 @@ CpuFeatures cpu_features() {
     f.avx512bw = __builtin_cpu_supports("avx512bw");
     f.avx512vl = __builtin_cpu_supports("avx512vl");
     f.avx512vnni = __builtin_cpu_supports("avx512vnni");
-    f.avxvnni = __builtin_cpu_supports("avxvnni");
+    // AVX-VNNI: CPUID leaf 7, subleaf 1, EAX bit 4 (read directly: GCC names it in
+    // __builtin_cpu_supports only from version 11); the OS's 256-bit state is what avx2 already checked.
+    unsigned max_leaf;
+    __asm__ __volatile__("cpuid" : "=a"(max_leaf), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    if (max_leaf >= 7) {
+        __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+        f.avxvnni = f.avx2 && ((a >> 4) & 1);
+    }
 #elif defined(__aarch64__)
     f.neon = true;  // Advanced SIMD is mandatory in AArch64
 #if defined(__linux__)
@@ -73,11 +80,12 @@ CpuFeatures cpu_features() {
 std::vector<std::string> available_isas() {
     std::vector<std::string> out = {"ref"};
     const CpuFeatures f = cpu_features();
-    if (kernels_avx2() && f.avx2 && f.fma && f.f16c) out.push_back("avx2");
-    if (kernels_avxvnni() && f.avx2 && f.fma && f.f16c && f.avxvnni) out.push_back("avxvnni");
-    if (kernels_avx512() && f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni)
+    // (features first: building an ISA's table runs code compiled for it)
+    if (f.avx2 && f.fma && f.f16c && kernels_avx2()) out.push_back("avx2");
+    if (f.avx2 && f.fma && f.f16c && f.avxvnni && kernels_avxvnni()) out.push_back("avxvnni");
+    if (f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && kernels_avx512())
         out.push_back("avx512");
-    if (kernels_neon() && f.neon) out.push_back("neon");
+    if (f.neon && kernels_neon()) out.push_back("neon");
     return out;
 }
 

@@ -45,7 +45,7 @@ const Kernels& kernels_ref();
 // Defined only in builds that compile the ISA file; null when the host compiler cannot target it.
 const Kernels* kernels_avx2();
 const Kernels* kernels_avx512();  // the AVX2 table with AVX-512 VNNI k-quant kernels
-const Kernels* kernels_avxvnni();  // the AVX2 table with AVX-VNNI (256-bit) q4_K tiles
+const Kernels* kernels_avxvnni();  // the AVX2 table with AVX-VNNI (256-bit) q4_K/q6_K tiles
 const Kernels* kernels_neon();
 
 }  // namespace clover

@@ -118,7 +118,7 @@ struct KindQ4KV {
 // vectors (c = 0..3: its weights 4c .. 4c + 3) and sub-block 8 + L in the other four, so two lane sums
 // per token, each with its own scale vector; the lane sums start at -32 x the token's sum over the
 // sub-block (the weights are stored + 32). The unpacking follows kernels_avx512.cpp's q6_K vec(), its
-// 16-lane dword permutes split into two 8-lane halves. ----
+// 16-lane dword permutes split into 8-lane halves (two permutes and a blend where it reads 64 bytes). ----
 
 struct alignas(32) XK6V {  // one q8_K super-block of one token, in lane order
     int8_t q[QK_K];        // q[32 (4h + c) + 4L + i] = x[16 (8h + L) + 4c + i]
@@ -145,13 +145,6 @@ struct KindQ6KV {
         __m256i q[8];
         __m256 sd[2];
     };
-    // 8 lanes of a 16-dword permute over (a | b): lane l takes dword idx[l] (0..15)
-    static __m256i perm16(__m256i a, __m256i b, __m256i idx) {
-        const __m256i seven = _mm256_set1_epi32(7);
-        const __m256i pa = _mm256_permutevar8x32_epi32(a, _mm256_and_si256(idx, seven));
-        const __m256i pb = _mm256_permutevar8x32_epi32(b, _mm256_and_si256(idx, seven));
-        return _mm256_blendv_epi8(pa, pb, _mm256_cmpgt_epi32(idx, seven));
-    }
     static void unpack(const block_q6_K* w, U* u) {
         __m256i ql[4], qh[2];
         for (int i = 0; i < 4; i++) ql[i] = _mm256_loadu_si256((const __m256i*)(w->ql + 32 * i));
@@ -164,8 +157,12 @@ struct KindQ6KV {
         for (int h = 0; h < 2; h++)  // sub-blocks 8h .. 8h + 7: ql[64h .. 64h + 63], qh[32h .. 32h + 31]
             for (int c = 0; c < 4; c++) {
                 const __m256i cc = _mm256_set1_epi32(c);
-                const __m256i lo = _mm256_and_si256(
-                    _mm256_srlv_epi32(perm16(ql[2 * h], ql[2 * h + 1], _mm256_add_epi32(li, cc)), lshift), m4);
+                // li + c: dwords of ql[64h .. 64h + 31] in lanes 0, 1, 4, 5, of the next 32 bytes in
+                // lanes 2, 3, 6, 7 (vpermd reads index bits 2:0 only)
+                const __m256i idx = _mm256_add_epi32(li, cc);
+                const __m256i l = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(ql[2 * h], idx),
+                                                     _mm256_permutevar8x32_epi32(ql[2 * h + 1], idx), 0xCC);
+                const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(l, lshift), m4);
                 const __m256i up = _mm256_slli_epi32(
                     _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(qh[h], _mm256_add_epi32(hi, cc)), hshift), 4);
                 u->q[4 * h + c] = _mm256_or_si256(lo, _mm256_and_si256(up, m2));

@@ -32,6 +32,10 @@ def test_isa_files_define_no_weak_symbols(tmp_path):
     assert {"csrc/kernels_avx2.cpp", "csrc/kernels_avx512.cpp", "csrc/model_ops_avx512.cpp"} <= set(files)
     cxx = shutil.which("g++") or shutil.which("c++")
     for src, opts in files.items():
+        probe = subprocess.run([cxx, "-x", "c++", "-c", *opts, "-", "-o", str(tmp_path / "probe.o")], input="",
+                               capture_output=True, text=True)
+        if probe.returncode:  # a flag this compiler does not know (CMake leaves that file out too)
+            continue
         obj = tmp_path / (Path(src).stem + ".o")
         subprocess.run([cxx, "-std=c++17", "-O2", "-fPIC", "-c", *opts, str(ROOT / src), "-o", str(obj)], check=True)
         syms = subprocess.run(["nm", "-C", "--defined-only", str(obj)], capture_output=True, text=True, check=True)

@@ -136,7 +136,8 @@ def test_large_m_and_n(rng):
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
 def test_kquant_tiles_span_row_chunks_and_token_groups(fmt, rng):
     # K = 16384: a weight row is 9-13 KB, so within one thread's task (130 rows over 4 tasks) the
-    # AVX-512 tiles walk the rows in several L2-sized chunks; 19 tokens are two groups of 8 and 3.
+    # lane-layout tiles walk the rows in several L2-sized chunks; 19 tokens are several token groups (q6_K
+    # on AVX-512: 8 + 8 + 3; q4_K: 12 + 7; on AVX-VNNI 6 + 6 + 6 + 1 and 4 x 4 + 3).
     if not SIMD_ISAS:
         pytest.skip("no SIMD path on this machine")
     q, _ = make(rng, fmt, 130, 16384)
