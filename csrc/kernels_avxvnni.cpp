@@ -30,6 +30,20 @@ inline float hsum8(__m256 v) {  // the sum of 8 floats
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+// Super-block b of a weight row, unpacked, for a tile: stored by an earlier token group (LOAD), or
+// unpacked now into the store (STORE) or a local (RAW).
+template <class Kind, Rows R, class Block>
+const typename Kind::U* row_block(const Block* w, typename Kind::U* stored, typename Kind::U* local) {
+    if constexpr (R == Rows::LOAD) {
+        return stored;
+    } else {
+        prefetch_block(w, sizeof(Block));
+        typename Kind::U* dst = R == Rows::STORE ? stored : local;
+        Kind::unpack(w, dst);
+        return dst;
+    }
+}
+
 struct alignas(32) XK4V {  // one q8_K super-block of one token, in lane order
     int8_t q[QK_K];        // q[32c + 4L + i] = x[32L + 4c + i]
     float bm[8];           // lane L: d * (sum of x over sub-block L)
@@ -87,15 +101,7 @@ struct KindQ4KV {
         __m256 acc[RN];
         for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, w++) {
-            const U* ub = &local;
-            if constexpr (R == Rows::LOAD) {
-                ub = &u[b];
-            } else {
-                prefetch_block(w, sizeof(block_q4_K));
-                U* dst = R == Rows::STORE ? &u[b] : &local;
-                unpack(w, dst);
-                ub = dst;
-            }
+            const U* ub = row_block<KindQ4KV, R>(w, u + b, &local);
             __m256i v[RN];
             for (int t = 0; t < RN; t++) v[t] = _mm256_setzero_si256();
             for (int c = 0; c < 8; c++) {
@@ -179,15 +185,7 @@ struct KindQ6KV {
         __m256 acc[RN];
         for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, w++) {
-            const U* ub = &local;
-            if constexpr (R == Rows::LOAD) {
-                ub = &u[b];
-            } else {
-                prefetch_block(w, sizeof(block_q6_K));
-                U* dst = R == Rows::STORE ? &u[b] : &local;
-                unpack(w, dst);
-                ub = dst;
-            }
+            const U* ub = row_block<KindQ6KV, R>(w, u + b, &local);
             for (int h = 0; h < 2; h++) {
                 __m256i v[RN];
                 for (int t = 0; t < RN; t++) v[t] = _mm256_load_si256((const __m256i*)(x[t * nb + b].bs32 + 8 * h));
