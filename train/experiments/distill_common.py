@@ -5,11 +5,30 @@ positions + BETA x the entropy of the masked generated positions the model alrea
 ("certainty forcing"); AdamW continues from the checkpoint's state, warm-up 20 steps then cosine,
 sized from the first steps' speed to fill MINUTES. Then export, conversion and train_clover's --eval.
 """
-import math, os, time
+import math, os, sys, time
 from pathlib import Path
 
 import numpy as np, torch, torch.nn.functional as F
 import train_clover as tc
+
+
+def log(s):
+    print(time.strftime('%H:%M:%S'), s, flush=True)
+
+
+def setup():
+    """The experiments' common command line (SRC_OUT EXP_OUT N MINUTES BETA LR) and the finished run's
+    model, checkpoint and training tokens: (SRC, OUT, N, MINUTES, BETA, LR, model, saved, tokens)."""
+    torch.set_num_threads(2)
+    SRC = Path(sys.argv[1])
+    OUT = Path(sys.argv[2])
+    OUT.mkdir(exist_ok=True, parents=True)
+    N, MINUTES, BETA, LR = int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+    saved = torch.load(SRC / 'ckpt.pt', map_location='cpu', weights_only=False)
+    model = tc.Clover(tc.Shape(**saved['shape']))
+    model.load_state_dict(saved['model'])
+    tokens = np.load(SRC / 'train_tokens.npy')
+    return SRC, OUT, N, MINUTES, BETA, LR, model, saved, tokens
 
 
 def finetune_and_evaluate(model, saved, tokens, data, P, G, SRC: Path, OUT: Path, MINUTES, BETA, LR, log):

@@ -19,18 +19,11 @@ fine-tuning was never run; see train/README.md. The script stops when fewer than
 import ast, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import numpy as np, torch
+import numpy as np
 import train_clover as tc
-from distill_common import finetune_and_evaluate
-torch.set_num_threads(2)
-SRC = Path(sys.argv[1])
-OUT = Path(sys.argv[2]); OUT.mkdir(exist_ok=True, parents=True)
-N_PROMPTS = int(sys.argv[3]); MINUTES = float(sys.argv[4]); BETA = float(sys.argv[5]); LR = float(sys.argv[6])
-log = lambda s: print(time.strftime('%H:%M:%S'), s, flush=True)
-saved = torch.load(SRC / 'ckpt.pt', map_location='cpu', weights_only=False)
-shape = tc.Shape(**saved['shape'])
-model = tc.Clover(shape); model.load_state_dict(saved['model'])
-tokens = np.load(SRC / 'train_tokens.npy')
+from distill_common import finetune_and_evaluate, log, setup
+SRC, OUT, N_PROMPTS, MINUTES, BETA, LR, model, saved, tokens = setup()
+shape = model.shape
 sp = tc.load_sp((SRC / 'hf' / 'tokenizer.model').read_bytes())
 B = shape.block_length
 P, G = 192, 64

@@ -13,18 +13,11 @@ metrics on the result. Not part of the shipped recipe: see train/README.md ("Tri
 import sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import numpy as np, torch
+import numpy as np
 import train_clover as tc
-from distill_common import finetune_and_evaluate
-torch.set_num_threads(2)
-SRC = Path(sys.argv[1])
-OUT = Path(sys.argv[2]); OUT.mkdir(exist_ok=True, parents=True)
-N_GEN = int(sys.argv[3]); MINUTES = float(sys.argv[4]); BETA = float(sys.argv[5]); LR = float(sys.argv[6])
-log = lambda s: print(time.strftime('%H:%M:%S'), s, flush=True)
-saved = torch.load(SRC / 'ckpt.pt', map_location='cpu', weights_only=False)
-shape = tc.Shape(**saved['shape'])
-model = tc.Clover(shape); model.load_state_dict(saved['model'])
-tokens = np.load(SRC / 'train_tokens.npy')
+from distill_common import finetune_and_evaluate, log, setup
+SRC, OUT, N_GEN, MINUTES, BETA, LR, model, saved, tokens = setup()
+shape = model.shape
 B = shape.block_length
 P, G = 192, 64
 gen_path = OUT / 'gen.npy'
