@@ -1,10 +1,10 @@
 // The ISA-independent scaffolding of the matrix-product kernel files (kernels_avx2.cpp,
 // kernels_avx512.cpp, kernels_avxvnni.cpp, kernels_neon.cpp): the argument block, the walk over register
-// tiles, the software prefetch of the weight stream, the k-quant scale header and the driver of the
-// k-quant lane-layout tiles. Everything here is in an
-// anonymous namespace on purpose: each ISA file gets its own copy compiled with its own target flags
-// (one shared inline copy could be picked by the linker for every file and run one ISA's code on a CPU
-// that lacks it).
+// tiles, the software prefetch of the weight stream, the k-quant scale header, the driver of the
+// k-quant lane-layout tiles and (x86) two SSE/AVX2 helpers. Everything here is in an anonymous
+// namespace on purpose: each ISA file gets its own copy compiled with its own target flags (one shared
+// inline copy could be picked by the linker for every file and run one ISA's code on a CPU that lacks
+// it).
 #pragma once
 
 #include <algorithm>
@@ -77,6 +77,13 @@ inline void decode_k4_header(const uint8_t* s12, uint32_t out[4]) {
 }
 
 #if defined(__AVX2__)  // (the AVX2-compiled files only)
+// the sum of 8 floats
+inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 // The 12-byte q4_K scale header as 16 bytes: the 6-bit scales (bytes 0-7) and mins (8-15); what
 // decode_k4_header computes with scalar words, here by 32-bit lanes: two byte shuffles and a few shifts.
 inline __m128i k4_header(const uint8_t* s12) {

@@ -13,13 +13,6 @@ namespace clover {
 
 namespace {
 
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 inline int32_t hsum_i32(__m128i v) {
     v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
     v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
@@ -67,7 +60,7 @@ struct TileFloat {
             }
             for (int r = 0; r < RM; r++)
                 for (int t = 0; t < RN; t++) {
-                    float s = hsum(acc[r][t]);
+                    float s = hsum8(acc[r][t]);
                     const float* x = (const float*)(a.X + (m + t) * a.xrb);
                     for (int64_t k = K8; k < a.K; k++) s += L::load1(a.W + (n + r) * a.wrb, k) * x[k];
                     a.Y[(m + t) * a.ldy + n + r] = s;
@@ -134,7 +127,7 @@ struct TileQ8A {
                 }
             }
             for (int r = 0; r < RM; r++)
-                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = hsum(acc[r][t]);
+                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = hsum8(acc[r][t]);
         }
     };
 };
@@ -232,7 +225,7 @@ struct TileQ45K {
                 }
             }
             for (int r = 0; r < RM; r++)
-                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = hsum(acc[r][t]);
+                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = hsum8(acc[r][t]);
         }
     };
 };
@@ -299,7 +292,7 @@ struct TileQ6K {
                 }
             }
             for (int r = 0; r < RM; r++)
-                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = hsum(acc[r][t]);
+                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = hsum8(acc[r][t]);
         }
     };
 };

@@ -7,12 +7,6 @@
 // run the lane-layout tiles below (vpdpbusd, scales once per super-block). Q4_0 and Q8_0: vpdpbusd on
 // biased unsigned weights. Results equal the AVX2 and scalar kernels' up to float summation order
 // (integer block sums are exact).
-// GCC 12's AVX-512 intrinsic headers start vectors from _mm512_undefined_*(), which -W(maybe-)uninitialized
-// reports in every caller (GCC bug 105593, fixed in 13): silenced for this file only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <immintrin.h>
 
 #include <algorithm>
@@ -37,13 +31,6 @@ inline __m512i quarter_index(short i0) {
     return _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(i0 + 1), _mm_set1_epi16(i0))),
         _mm256_set_m128i(_mm_set1_epi16(i0 + 3), _mm_set1_epi16(i0 + 2)), 1);
-}
-
-// the sum of 8 floats
-inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 // float acc += (float)sum * s

@@ -24,12 +24,6 @@ namespace clover {
 
 namespace {
 
-inline float hsum8(__m256 v) {  // the sum of 8 floats
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 // Super-block b of a weight row, unpacked, for a tile: stored by an earlier token group (LOAD), or
 // unpacked now into the store (STORE) or a local (RAW).
 template <class Kind, Rows R, class Block>

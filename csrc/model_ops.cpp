@@ -279,12 +279,11 @@ void attention(const ModelKernels& kr, const float* q, const void* k, const void
     // task for all its query rows. Token chunks shrink towards ~4 tasks per thread; heads are split
     // only while some thread would have no task (each split reads the cache once more). Each row's
     // arithmetic does not depend on how rows are grouped, so the split may follow the thread count.
-    // Lane tasks keep at least ATTN_LANE_ROWS rows unless a thread would have no task.
+    // Lane tasks start at 128 rows and shrink below 64 only while a thread would have no task (each
+    // task converts the cache tiles once for its rows), never below ATTN_LANE_ROWS tokens' worth.
     auto n_chunks = [&](int64_t tc) { return (T + tc - 1) / tc; };
     const int64_t min_tc = use_lanes ? (ATTN_LANE_ROWS + group - 1) / group : 1;
     int64_t tc = std::min<int64_t>(T, std::max<int64_t>(min_tc, (use_lanes ? 128 : 64) / group));
-    // (lane tasks stop at 64 rows unless a thread would have no task: below that, each task's
-    // conversion of the cache tiles and its broadcasts serve too few rows)
     auto shrink = [&](int64_t tc) {
         const int64_t tasks = n_head_kv * n_chunks(tc);
         return tc > min_tc && tasks < 4 * n_threads && (!use_lanes || tc * group > 64 || tasks < n_threads);

@@ -36,6 +36,13 @@ struct AttnArgs {
     float scale;
 };
 using attention_fn = void (*)(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_t t0, int64_t t1);
+// Cache rows per attention tile, every kernel: fp32 K and V tiles of D=256 take 32 KB each.
+constexpr int64_t ATTN_KEY_TILE = 32;
+// Cache rows [s0, s0 + ns) of kv head g as fp32 for one attention tile (the next tile's rows, up to
+// L_max, prefetched): *K and *V point into the cache (F32; rows *ld floats apart) or into tiles (other
+// types, converted: K [ATTN_KEY_TILE, D], then V; *ld = D).
+using kv_tile_fn = void (*)(const AttnArgs& a, KvType kv, int64_t g, int64_t s0, int64_t ns, int64_t L_max,
+                            float* tiles, const float** K, const float** V, int64_t* ld);
 
 // One value head of the recurrent gated delta rule, over T tokens. q, k are already L2-normalised
 // (q also scaled by 1/sqrt(dk)); rows of token t start at t * *_stride floats.
@@ -73,11 +80,12 @@ struct ModelKernels {
                    int64_t ldc, float alpha, float beta);
     int64_t gdn_chunked_from;  // GdnMode::Auto runs the chunked form from this many tokens (measured)
     // Attention with query rows in vector lanes (null where the ISA has none): for calls with at least
-    // ATTN_LANE_ROWS query rows per kv head; the driver then splits them into tasks of that many rows or
-    // more (only a last token chunk may have fewer).
+    // ATTN_LANE_ROWS query rows per kv head (the driver keeps tasks at that many rows or more unless a
+    // thread would have none, or a last token chunk is shorter).
     attention_fn attention_lanes_f32 = nullptr;
     attention_fn attention_lanes_f16 = nullptr;
     attention_fn attention_lanes_q8_0 = nullptr;
+    kv_tile_fn attention_kv_tile = nullptr;  // the SIMD tables' tile conversion (the lane kernels share it)
 };
 constexpr int64_t ATTN_LANE_ROWS = 8;  // at 8 rows (half the lanes) still 1.5x the AVX2 kernel (measured)
 

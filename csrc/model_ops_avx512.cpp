@@ -5,20 +5,12 @@
 // kernel's, in the same order; only k.q is summed in a different order. And attention with query rows
 // in lanes for calls with 8 or more query rows per kv head (prefill, diffusion blocks): no horizontal
 // sums, 2-3x the AVX2 kernel's speed (bench/NOTES.md, change 25).
-// GCC 12's AVX-512 intrinsic headers start vectors from _mm512_undefined_*(), which -W(maybe-)uninitialized
-// reports in every caller (GCC bug 105593, fixed in 13): silenced for this file only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
-#include "formats.h"
 #include "model_ops.h"
 
 namespace clover {
@@ -102,7 +94,6 @@ void gdn_recurrent_avx512(const GdnHeadArgs& a) {
         }
 }
 
-
 // ---- attention with query rows in lanes ----
 //
 // The AVX2 kernel (model_ops_simd.inc) puts the head dimension in the lanes: every (row, key) score
@@ -144,7 +135,8 @@ inline __m512 exp16(__m512 x) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
 }
 
-constexpr int64_t LANE_KEYS = 32;  // cache rows per tile
+constexpr int64_t LANE_KEYS = ATTN_KEY_TILE;  // cache rows per tile
+kv_tile_fn g_kv_tile = nullptr;  // the AVX2 table's tile conversion (set with the table)
 
 // G lane groups at once (their queries QT[g], D lines apart; scores S[g], LANE_KEYS lines apart):
 // S[g][u] = scale * sum_d K[u][d] QT[g][d] for KB keys (rows of K `ld` floats apart), -inf where a lane
@@ -246,15 +238,14 @@ struct LaneScratch {
 template <KvType KV>
 void attention_lanes(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64_t t0, int64_t t1) {
     constexpr bool CONVERT = KV != KvType::F32;
-    const int64_t D = a.D, nh = h1 - h0, nr = nh * (t1 - t0), ng = (nr + 15) / 16, kv_stride = a.n_head_kv * D;
-    const int64_t tile_lines = CONVERT ? (LANE_KEYS * D + 15) / 16 : 0;
+    const int64_t D = a.D, nh = h1 - h0, nr = nh * (t1 - t0), ng = (nr + 15) / 16;
+    const int64_t tile_lines = CONVERT ? (2 * LANE_KEYS * D + 15) / 16 : 0;
     thread_local LaneScratch scratch;
-    // QT [ng][D], OT [ng][D], m, l [ng], scores [2][LANE_KEYS], then the K and V tiles [LANE_KEYS, D]
-    scratch.lines.resize(2 * ng * D + 2 * ng + 2 * LANE_KEYS + 2 * tile_lines);
+    // QT [ng][D], OT [ng][D], m, l [ng], scores [2][LANE_KEYS], then the K and V tiles (kv_tile_fn)
+    scratch.lines.resize(2 * ng * D + 2 * ng + 2 * LANE_KEYS + tile_lines);
     scratch.ints.resize(ng);
     Lane16 *QT = scratch.lines.data(), *OT = QT + ng * D, *M = OT + ng * D, *L = M + ng, *S = L + ng;
-    float* Kt = reinterpret_cast<float*>(S + 2 * LANE_KEYS);  // (past the scores; no tiles for f32 caches)
-    float* Vt = Kt + tile_lines * 16;
+    float* tiles = reinterpret_cast<float*>(S + 2 * LANE_KEYS);  // (past the scores; none for f32 caches)
     Lane16i* lim = scratch.ints.data();
     int64_t L_max = 0;
     for (int64_t gi = 0; gi < ng; gi++) {
@@ -282,53 +273,7 @@ void attention_lanes(const AttnArgs& a, int64_t g, int64_t h0, int64_t h1, int64
         const int64_t ns = std::min(LANE_KEYS, L_max - s0);
         const float *K, *V;
         int64_t ld;
-        if constexpr (KV == KvType::F16) {
-            const uint16_t* kc = (const uint16_t*)a.k + s0 * kv_stride + g * D;
-            const uint16_t* vc = (const uint16_t*)a.v + s0 * kv_stride + g * D;
-            for (int64_t j = 0; j < ns; j++) {
-                const uint16_t* kr = kc + j * kv_stride;
-                const uint16_t* vr = vc + j * kv_stride;
-                float* kt = Kt + j * D;
-                float* vt = Vt + j * D;
-                int64_t d = 0;
-                for (; d + 16 <= D; d += 16) {
-                    if (d % 32 == 0 && s0 + LANE_KEYS + j < L_max) {  // the same row of the next tile
-                        __builtin_prefetch(kr + LANE_KEYS * kv_stride + d);
-                        __builtin_prefetch(vr + LANE_KEYS * kv_stride + d);
-                    }
-                    _mm512_storeu_ps(kt + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(kr + d))));
-                    _mm512_storeu_ps(vt + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(vr + d))));
-                }
-                for (; d < D; d++) {
-                    kt[d] = fp16_to_f32(kr[d]);
-                    vt[d] = fp16_to_f32(vr[d]);
-                }
-            }
-            K = Kt, V = Vt, ld = D;
-        } else if constexpr (KV == KvType::Q8_0) {
-            const int64_t hb = kv_head_bytes(KV, D), row = a.n_head_kv * hb;
-            for (int64_t j = 0; j < ns; j++)
-                for (int w = 0; w < 2; w++) {
-                    const uint8_t* src = (const uint8_t*)(w ? a.v : a.k) + (s0 + j) * row + g * hb;
-                    float* dst = (w ? Vt : Kt) + j * D;
-                    for (int64_t b = 0; b < D / KV_Q8_BLOCK; b++) {
-                        const uint8_t* blk = src + b * KV_Q8_BLOCK_BYTES;
-                        if (s0 + LANE_KEYS + j < L_max && b % 2 == 0) __builtin_prefetch(blk + LANE_KEYS * row);
-                        uint16_t dh;
-                        std::memcpy(&dh, blk, 2);
-                        const __m512 sc = _mm512_set1_ps(fp16_to_f32(dh));
-                        for (int u = 0; u < 2; u++)
-                            _mm512_storeu_ps(dst + b * KV_Q8_BLOCK + 16 * u,
-                                             _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                                                                   (const __m128i*)(blk + 2 + 16 * u))))));
-                    }
-                }
-            K = Kt, V = Vt, ld = D;
-        } else {
-            K = (const float*)a.k + s0 * kv_stride + g * D;
-            V = (const float*)a.v + s0 * kv_stride + g * D;
-            ld = kv_stride;
-        }
+        g_kv_tile(a, KV, g, s0, ns, L_max, tiles, &K, &V, &ld);
         // pairs of lane groups share each broadcast key and value; a group no lane of which sees the
         // tile is skipped (computed with its pair it would change nothing: -inf scores, masked values)
         auto active = [&](int64_t gi) { return _mm512_reduce_max_epi32(_mm512_load_si512(lim[gi].i)) > s0; };
@@ -372,6 +317,7 @@ ModelKernels make_table() {
     k.attention_lanes_f32 = attention_lanes<KvType::F32>;
     k.attention_lanes_f16 = attention_lanes<KvType::F16>;
     k.attention_lanes_q8_0 = attention_lanes<KvType::Q8_0>;
+    g_kv_tile = k.attention_kv_tile;
     return k;
 }
 

@@ -56,9 +56,10 @@ def candidates():
             if not header.rstrip().endswith(':'):
                 continue
             j = node.body[0].lineno - 1
-            k = j
-            while k > 0 and sum(map(len, lines[k:j])) < 8 * P:  # ~2.5 characters per token
+            k, chars = j, 0
+            while k > 0 and chars < 8 * P:  # ~2.5 characters per token: enough lines for P tokens
                 k -= 1
+                chars += len(lines[k])
             ctx = sp.encode(''.join(lines[k:j]))
             if len(ctx) >= P:
                 out.append((header, ctx[-P:]))
