@@ -109,23 +109,28 @@ enum class Rows { RAW, LOAD, STORE };
 
 // Kind::tile<rn, R> for 1 <= rn <= Kind::GROUP (only those sizes are instantiated).
 template <class Kind, Rows R, int RN = Kind::GROUP>
-void tile_tokens(int rn, const uint8_t* w, typename Kind::U* u, const typename Kind::X* x, int64_t nb, float* y,
-                 int64_t ldy) {
+void tile_tokens(int rn, const uint8_t* w, typename Kind::U* u, const typename Kind::X* x, int64_t nb,
+                 typename Kind::Part* part) {
     if constexpr (RN >= 1) {
         if (rn == RN)
-            Kind::template tile<RN, R>(w, u, x, nb, y, ldy);
+            Kind::template tile<RN, R>(w, u, x, nb, part);
         else
-            tile_tokens<Kind, R, RN - 1>(rn, w, u, x, nb, y, ldy);
+            tile_tokens<Kind, R, RN - 1>(rn, w, u, x, nb, part);
     }
 }
 
 // Rows [n0, n1) x M tokens. Loop order for the caches: a group of tokens' activations stays in L1 while
-// a chunk of weight rows (at most ~192 KB, L2-resident) streams past it.
+// a chunk of weight rows (at most ~192 KB, L2-resident) streams past it. A tile leaves its row's
+// partial sums per token, as SLOTS vectors (Kind::Part; slot s of row r at part[s * ROWS + r]), and
+// Kind::finish reduces ROWS rows at once and stores each token's results as one vector: per row, one
+// horizontal sum and one store cost as much as a super-block's products where K is 512 (the experts'
+// down projections). Each row's sums reduce the same way whatever its place in a group, so results do
+// not depend on how rows are split into tasks and chunks.
 template <class Kind>
 void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y,
                        int64_t ldy, int64_t n0, int64_t n1) {
     using XT = typename Kind::X;
-    constexpr int TPE = Kind::TOKENS_PER_ENTRY;
+    constexpr int TPE = Kind::TOKENS_PER_ENTRY, ROWS = Kind::ROWS;
     static_assert(Kind::GROUP % TPE == 0 && 8 % TPE == 0, "token groups start on an entry");
     const int64_t nb = K / QK_K;
     thread_local std::vector<XT> xt;
@@ -142,20 +147,27 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
     const bool pre = M > Kind::GROUP;
     thread_local std::vector<typename Kind::U> ut;
     if (pre) ut.resize((size_t)std::min(chunk, n1 - n0) * nb);
+    typename Kind::Part part[Kind::SLOTS * ROWS];
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
         const int64_t c1 = std::min(n1, c0 + chunk);
         for (int m = 0; m < M; m += Kind::GROUP) {
             const XT* x = xt.data() + m / TPE * nb;
             const int rn = std::min(Kind::GROUP, M - m);
-            for (int64_t n = c0; n < c1; n++) {
-                typename Kind::U* u = pre ? &ut[(n - c0) * nb] : nullptr;
-                float* y = Y + m * ldy + n;
-                if (!pre)
-                    tile_tokens<Kind, Rows::RAW>(rn, W + n * wrb, u, x, nb, y, ldy);
-                else if (m == 0)
-                    tile_tokens<Kind, Rows::STORE>(rn, W + n * wrb, u, x, nb, y, ldy);
-                else
-                    tile_tokens<Kind, Rows::LOAD>(rn, W + n * wrb, u, x, nb, y, ldy);
+            for (int64_t n = c0; n < c1; n += ROWS) {
+                const int rows = (int)std::min<int64_t>(ROWS, c1 - n);
+                for (int r = 0; r < rows; r++) {
+                    const uint8_t* w = W + (n + r) * wrb;
+                    typename Kind::U* u = pre ? &ut[(n + r - c0) * nb] : nullptr;
+                    if (!pre)
+                        tile_tokens<Kind, Rows::RAW>(rn, w, u, x, nb, part + r);
+                    else if (m == 0)
+                        tile_tokens<Kind, Rows::STORE>(rn, w, u, x, nb, part + r);
+                    else
+                        tile_tokens<Kind, Rows::LOAD>(rn, w, u, x, nb, part + r);
+                }
+                for (int r = rows; r < ROWS; r++)  // (a short last group: its unused rows reduce zeros)
+                    for (int s = 0; s < Kind::SLOTS; s++) part[s * ROWS + r] = typename Kind::Part{};
+                Kind::finish(part, rn, rows, Y + m * ldy + n, ldy);
             }
         }
     }

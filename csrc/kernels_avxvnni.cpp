@@ -38,15 +38,41 @@ const typename Kind::U* row_block(const Block* w, typename Kind::U* stored, type
     }
 }
 
+// Row partials reduced eight rows at a time (the tiles' finish, as kernels_avx512.cpp's): a[0..7] are
+// eight rows' 8-float partial sums of one token -> their eight sums, stored to y[0 .. rows). Every
+// row's lanes are added in the same order whatever its position in the group.
+inline void finish_rows8(const __m256* a, int rows, float* y) {
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+    if (rows == 8) {
+        _mm256_storeu_ps(y, s);
+    } else {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_maskstore_ps(y, _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), lane), s);
+    }
+}
+
+// Rows of the tiles below finish in groups of eight (kernel_tiles.h): a row's result per token is one
+// 8-float vector of partial sums.
+struct GroupedRows8 {
+    using Part = __m256;
+    static constexpr int ROWS = 8;
+};
+
 struct alignas(32) XK4V {  // one q8_K super-block of one token, in lane order
     int8_t q[QK_K];        // q[32c + 4L + i] = x[32L + 4c + i]
     float bm[8];           // lane L: d * (sum of x over sub-block L)
     float d[8];            // the token's scale in every lane
 };
 
-struct KindQ4KV {
+struct KindQ4KV : GroupedRows8 {
     using X = XK4V;
     static constexpr int GROUP = 6;  // tokens per tile: 2 x 6 accumulators + operands in 16 registers
+    static constexpr int SLOTS = GROUP;
+    static void finish(const Part* part, int rn, int rows, float* Y, int64_t ldy) {
+        for (int t = 0; t < rn; t++) finish_rows8(part + t * ROWS, rows, Y + t * ldy);
+    }
     static constexpr int TOKENS_PER_ENTRY = 1;
     static void reorder(const block_q8_K* const* x, X* out) {
         const block_q8_K* b = x[0];
@@ -87,9 +113,9 @@ struct KindQ4KV {
         u->mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hdr, 8))),
                                 _mm256_set1_ps(-_cvtsh_ss(w->dmin)));
     }
-    // One weight row against RN tokens (token t: x[t * nb + b]) -> Y[t * ldy].
+    // One weight row against RN tokens (token t: x[t * nb + b]) -> part[t * ROWS].
     template <int RN, Rows R>
-    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, float* Y, int64_t ldy) {
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
         const block_q4_K* w = (const block_q4_K*)row;
         U local;
         __m256 acc[RN];
@@ -109,7 +135,7 @@ struct KindQ4KV {
                 acc[t] = _mm256_fmadd_ps(ub->mins, _mm256_load_ps(xt.bm), acc[t]);
             }
         }
-        for (int t = 0; t < RN; t++) Y[t * ldy] = hsum8(acc[t]);
+        for (int t = 0; t < RN; t++) part[t * ROWS] = acc[t];
     }
 };
 
@@ -126,9 +152,13 @@ struct alignas(32) XK6V {  // one q8_K super-block of one token, in lane order
     float d[8];
 };
 
-struct KindQ6KV {
+struct KindQ6KV : GroupedRows8 {
     using X = XK6V;
     static constexpr int GROUP = 4;  // tokens per tile: 3 x 4 accumulators + operands in 16 registers
+    static constexpr int SLOTS = GROUP;
+    static void finish(const Part* part, int rn, int rows, float* Y, int64_t ldy) {
+        for (int t = 0; t < rn; t++) finish_rows8(part + t * ROWS, rows, Y + t * ldy);
+    }
     static constexpr int TOKENS_PER_ENTRY = 1;
     static void reorder(const block_q8_K* const* x, X* out) {
         const block_q8_K* b = x[0];
@@ -173,7 +203,7 @@ struct KindQ6KV {
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w->scales + 8 * h)))), d);
     }
     template <int RN, Rows R>
-    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, float* Y, int64_t ldy) {
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
         const block_q6_K* w = (const block_q6_K*)row;
         U local;
         __m256 acc[RN];
@@ -194,7 +224,7 @@ struct KindQ6KV {
                                              _mm256_mul_ps(ub->sd[h], _mm256_load_ps(x[t * nb + b].d)), acc[t]);
             }
         }
-        for (int t = 0; t < RN; t++) Y[t * ldy] = hsum8(acc[t]);
+        for (int t = 0; t < RN; t++) part[t * ROWS] = acc[t];
     }
 };
 

@@ -41,8 +41,6 @@ void gemm_rows(gemm_fn fn, const WeightView& W, const uint8_t* Xq, size_t xrb, i
     }
 }
 
-inline float silu(float x) { return x / (1.f + std::exp(-x)); }
-
 }  // namespace
 
 void quantize_acts(Type t, const float* X, int64_t M, int64_t K, uint8_t* out) {
@@ -192,6 +190,7 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     const int64_t n_used = (int64_t)used.size();
 
     // Phase 1: h = silu(gate(x)) * up(x) for every (expert, row chunk).
+    const ModelKernels& mk = model_kernels_of(kr);
     std::vector<float> g((size_t)n_slots * I), u((size_t)n_slots * I);
     const gemm_fn gate_fn = kr.gemm(gate.w.type), up_fn = kr.gemm(up.w.type);
     const int64_t chunk1 = n_threads ? rows_per_task(I, n_threads, n_used) : I;
@@ -209,8 +208,8 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
         const int64_t o = offset[e], ne = count[e];
         gemm_rows(gate_fn, gate.expert(e), &xg[o * xrb], xrb, ne, &g[o * I], I, n0, n1);
         gemm_rows(up_fn, up.expert(e), &xg[o * xrb], xrb, ne, &u[o * I], I, n0, n1);
-        for (int64_t t = o; t < o + ne; t++)
-            for (int64_t n = n0; n < n1; n++) g[t * I + n] = silu(g[t * I + n]) * u[t * I + n];
+        for (int64_t t = o; t < o + ne; t++)  // (the SIMD silu: scalar expf was ~2% of a 32-token MoE)
+            mk.swiglu(&g[t * I + n0], &u[t * I + n0], n1 - n0, &g[t * I + n0]);
     });
 
     // Phase 2: down projections, written per slot.

@@ -113,15 +113,19 @@ def test_q8_0_minus_128(rng):
         check_close(kernels.matmul(x, q, "q8_0", isa=isa), x.astype(np.float64) @ wd.T, 1e-5, f"q8_0 {isa} -128")
 
 
-def test_threads_do_not_change_results(rng):
-    q, _ = make(rng, "q4_k", 200, 1024)
-    x = rng.standard_normal((9, 1024)).astype(np.float32)
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("m", [9, 19])
+def test_threads_do_not_change_results(fmt, m, rng):
+    # (the lane-layout tiles reduce rows eight at a time: 1 and 3 threads put rows at other places in
+    # those groups, and 19 tokens make several token groups)
+    q, _ = make(rng, fmt, 203, 1024)
+    x = rng.standard_normal((m, 1024)).astype(np.float32)
     before = clover_cpu.system_info()["threads"]
     try:
         clover_cpu.set_num_threads(1)
-        one = kernels.matmul(x, q, "q4_k")
+        one = kernels.matmul(x, q, fmt)
         clover_cpu.set_num_threads(3)
-        three = kernels.matmul(x, q, "q4_k")
+        three = kernels.matmul(x, q, fmt)
     finally:
         clover_cpu.set_num_threads(before)
     np.testing.assert_array_equal(one, three)  # rows are split across threads, never a dot product
