@@ -21,15 +21,19 @@ constexpr int64_t TOKEN_PANEL = 64;  // tokens per kernel call: a panel of activ
 // (tens of microseconds, far more on a loaded machine) than the work.
 constexpr int64_t MIN_PARALLEL_MACS = 1 << 21;
 
-// Rows per task: about 4 tasks per thread so dynamic scheduling can balance, at least one tile. A
-// single-token product (GEMV) is bound by memory, not by the cores: one contiguous task per thread
-// streams better (512x2048 q4_K on this VM: 29-34 GB/s against 25-27 with 4 tasks per thread).
-int64_t rows_per_task(int64_t rows, int n_threads, int64_t n_groups = 1, int64_t M = 2) {
+// Rows per task: about 4 tasks per thread so dynamic scheduling can balance, at least one tile, at
+// most max_rows. A single-token product (GEMV) is bound by memory, not by the cores: one contiguous
+// task per thread streams better (512x2048 q4_K on this VM: 29-34 GB/s against 25-27 with 4 tasks
+// per thread), up to 1024 rows per task (a one-token forward of the twin 5% faster than with 256,
+// 1% slower uncapped: a noisy VM needs some balancing; bench/NOTES.md change 29).
+constexpr int64_t MAX_TASK_ROWS = 1024;
+int64_t rows_per_task(int64_t rows, int n_threads, int64_t n_groups = 1, int64_t M = 2,
+                      int64_t max_rows = MAX_TASK_ROWS) {
     const int64_t per_thread = M == 1 ? 1 : 4;
     const int64_t want_tasks = std::max<int64_t>(1, per_thread * n_threads / std::max<int64_t>(1, n_groups));
     int64_t r = (rows + want_tasks - 1) / want_tasks;
     r = (r + ROW_TILE - 1) / ROW_TILE * ROW_TILE;
-    return std::max<int64_t>(ROW_TILE, std::min<int64_t>(r, 256));
+    return std::max<int64_t>(ROW_TILE, std::min<int64_t>(r, max_rows));
 }
 
 // Run the kernel over rows [n0, n1) of W for M activation rows, in token panels.
@@ -193,7 +197,9 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     const ModelKernels& mk = model_kernels_of(kr);
     std::vector<float> g((size_t)n_slots * I), u((size_t)n_slots * I);
     const gemm_fn gate_fn = kr.gemm(gate.w.type), up_fn = kr.gemm(up.w.type);
-    const int64_t chunk1 = n_threads ? rows_per_task(I, n_threads, n_used) : I;
+    // (whole experts unless threads would idle: one stream per matrix, the activations reordered once;
+    // against 256-row tasks the twin's MoE ran 7-8% faster at 8 and 32 tokens, 9% at one)
+    const int64_t chunk1 = n_threads ? rows_per_task(I, n_threads, n_used, 2, I) : I;
     const int64_t per1 = (I + chunk1 - 1) / chunk1;
     auto run = [&](int64_t n, const std::function<void(int64_t, int)>& fn) {
         if (n_threads) {
@@ -218,7 +224,7 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     quantize_acts(down.w.type, g.data(), n_slots, I, hq.data());
     std::vector<float> d((size_t)n_slots * H);
     const gemm_fn down_fn = kr.gemm(down.w.type);
-    const int64_t chunk2 = n_threads ? rows_per_task(H, n_threads, n_used) : H;
+    const int64_t chunk2 = n_threads ? rows_per_task(H, n_threads, n_used, 2, H) : H;
     const int64_t per2 = (H + chunk2 - 1) / chunk2;
     run(n_used * per2, [&](int64_t task, int) {
         const int64_t e = used[task / per2];
