@@ -27,6 +27,20 @@ def test_bench_tiny_clover_only(tmp_path):
     assert roof["tg_roofline_tps"] > 0 and roof["clover_tg_share"] == tps["tg"] / roof["tg_roofline_tps"]
 
 
+def test_bench_rounds_keep_the_median(tmp_path):
+    out = tmp_path / "b.json"
+    r = bench("--preset", "tiny", "--workdir", tmp_path, "--no-llama", "--tests", "pp4,tg", "--reps", "1",
+              "--tg-tokens", "2", "--threads", "1", "--rounds", "3", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert "round 3 of 3" in r.stderr
+    c = json.loads(out.read_text())["results"]["clover"]
+    assert len(c["rounds"]) == 3
+    for t in ("pp4", "tg"):
+        assert c["tokens_per_second"][t] == sorted(x["tokens_per_second"][t] for x in c["rounds"])[1]
+    assert c["peak_rss_gb"] == max(x["peak_rss_gb"] for x in c["rounds"])
+    assert len(json.loads(out.read_text())["tg_roofline"]["read_bandwidth_gbps"]) == 4  # one per run, one at the end
+
+
 def test_weight_bytes_per_token_counts_used_experts_only(tmp_path):
     # against the gguf package's own reader: all tensors but the embedding, routed experts at k / E
     import gguf
@@ -43,7 +57,8 @@ def test_weight_bytes_per_token_counts_used_experts_only(tmp_path):
 
 
 def test_bench_refuses_bad_options(tmp_path):
-    for bad in (["--tests", "pp0"], ["--tests", "pp4096"], ["--tests", "xx"], ["--reps", "0"], ["--threads", "0"]):
+    for bad in (["--tests", "pp0"], ["--tests", "pp4096"], ["--tests", "xx"], ["--reps", "0"], ["--threads", "0"],
+                ["--rounds", "0"]):
         r = bench("--no-llama", "--workdir", tmp_path, *bad)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, bad
     r = bench("--no-llama", "-m", tmp_path / "missing.gguf")
