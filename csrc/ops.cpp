@@ -47,9 +47,12 @@ void gemm_rows(gemm_fn fn, const WeightView& W, const uint8_t* Xq, size_t xrb, i
 
 }  // namespace
 
-void quantize_acts(Type t, const float* X, int64_t M, int64_t K, uint8_t* out) {
+namespace {
+
+// Activation rows [m0, m1) of X quantized for weights of type t, on the calling thread.
+void quantize_act_rows(Type t, const float* X, int64_t m0, int64_t m1, int64_t K, uint8_t* out) {
     const size_t rb = act_row_bytes(t, K);
-    auto quantize_row = [&](int64_t m) {
+    for (int64_t m = m0; m < m1; m++) {
         switch (act_format(t)) {
             case ActFormat::Q8_A:
                 quantize_act_q8_a(X + m * K, (block_q8_a*)(out + m * rb), K);
@@ -61,11 +64,16 @@ void quantize_acts(Type t, const float* X, int64_t M, int64_t K, uint8_t* out) {
                 std::memcpy(out + m * rb, X + m * K, K * sizeof(float));
                 break;
         }
-    };
+    }
+}
+
+}  // namespace
+
+void quantize_acts(Type t, const float* X, int64_t M, int64_t K, uint8_t* out) {
     if (M * K < (1 << 16)) {
-        for (int64_t m = 0; m < M; m++) quantize_row(m);
+        quantize_act_rows(t, X, 0, M, K, out);
     } else {
-        pool()->run(M, [&](int64_t m, int) { quantize_row(m); });
+        pool()->run(M, [&](int64_t m, int) { quantize_act_rows(t, X, m, m + 1, K, out); });
     }
 }
 
@@ -193,14 +201,19 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     const int n_threads = n_slots * I * H * 3 < MIN_PARALLEL_MACS ? 0 : pl->size();
     const int64_t n_used = (int64_t)used.size();
 
-    // Phase 1: h = silu(gate(x)) * up(x) for every (expert, row chunk).
+    // Phase 1: h = silu(gate(x)) * up(x) for every (expert, row chunk); phase 2: the down projections,
+    // written per slot. Tasks are whole experts unless threads would idle (one stream per matrix, the
+    // activations reordered once: against 256-row tasks the twin's MoE ran 7-8% faster at 8 and 32
+    // tokens, 9% at one); then one task runs an expert's both phases, without a barrier between them.
     const ModelKernels& mk = model_kernels_of(kr);
     std::vector<float> g((size_t)n_slots * I), u((size_t)n_slots * I);
-    const gemm_fn gate_fn = kr.gemm(gate.w.type), up_fn = kr.gemm(up.w.type);
-    // (whole experts unless threads would idle: one stream per matrix, the activations reordered once;
-    // against 256-row tasks the twin's MoE ran 7-8% faster at 8 and 32 tokens, 9% at one)
+    const gemm_fn gate_fn = kr.gemm(gate.w.type), up_fn = kr.gemm(up.w.type), down_fn = kr.gemm(down.w.type);
     const int64_t chunk1 = n_threads ? rows_per_task(I, n_threads, n_used, 2, I) : I;
-    const int64_t per1 = (I + chunk1 - 1) / chunk1;
+    const int64_t chunk2 = n_threads ? rows_per_task(H, n_threads, n_used, 2, H) : H;
+    const int64_t per1 = (I + chunk1 - 1) / chunk1, per2 = (H + chunk2 - 1) / chunk2;
+    const size_t hrb = act_row_bytes(down.w.type, I);
+    std::vector<uint8_t> hq(hrb * n_slots);
+    std::vector<float> d((size_t)n_slots * H);
     auto run = [&](int64_t n, const std::function<void(int64_t, int)>& fn) {
         if (n_threads) {
             pl->run(n, fn);
@@ -208,29 +221,34 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
             for (int64_t t = 0; t < n; t++) fn(t, 0);
         }
     };
-    run(n_used * per1, [&](int64_t task, int) {
-        const int64_t e = used[task / per1];
-        const int64_t n0 = (task % per1) * chunk1, n1 = std::min(I, n0 + chunk1);
+    auto up_rows = [&](int64_t e, int64_t n0, int64_t n1) {
         const int64_t o = offset[e], ne = count[e];
         gemm_rows(gate_fn, gate.expert(e), &xg[o * xrb], xrb, ne, &g[o * I], I, n0, n1);
         gemm_rows(up_fn, up.expert(e), &xg[o * xrb], xrb, ne, &u[o * I], I, n0, n1);
         for (int64_t t = o; t < o + ne; t++)  // (the SIMD silu: scalar expf was ~2% of a 32-token MoE)
             mk.swiglu(&g[t * I + n0], &u[t * I + n0], n1 - n0, &g[t * I + n0]);
-    });
-
-    // Phase 2: down projections, written per slot.
-    const size_t hrb = act_row_bytes(down.w.type, I);
-    std::vector<uint8_t> hq(hrb * n_slots);
-    quantize_acts(down.w.type, g.data(), n_slots, I, hq.data());
-    std::vector<float> d((size_t)n_slots * H);
-    const gemm_fn down_fn = kr.gemm(down.w.type);
-    const int64_t chunk2 = n_threads ? rows_per_task(H, n_threads, n_used, 2, H) : H;
-    const int64_t per2 = (H + chunk2 - 1) / chunk2;
-    run(n_used * per2, [&](int64_t task, int) {
-        const int64_t e = used[task / per2];
-        const int64_t n0 = (task % per2) * chunk2, n1 = std::min(H, n0 + chunk2);
+    };
+    auto down_rows = [&](int64_t e, int64_t n0, int64_t n1) {
         gemm_rows(down_fn, down.expert(e), &hq[offset[e] * hrb], hrb, count[e], &d[offset[e] * H], H, n0, n1);
-    });
+    };
+    if (per1 == 1 && per2 == 1) {
+        run(n_used, [&](int64_t task, int) {
+            const int64_t e = used[task];
+            up_rows(e, 0, I);
+            quantize_act_rows(down.w.type, g.data(), offset[e], offset[e] + count[e], I, hq.data());
+            down_rows(e, 0, H);
+        });
+    } else {
+        run(n_used * per1, [&](int64_t task, int) {
+            const int64_t n0 = (task % per1) * chunk1;
+            up_rows(used[task / per1], n0, std::min(I, n0 + chunk1));
+        });
+        quantize_acts(down.w.type, g.data(), n_slots, I, hq.data());
+        run(n_used * per2, [&](int64_t task, int) {
+            const int64_t n0 = (task % per2) * chunk2;
+            down_rows(used[task / per2], n0, std::min(H, n0 + chunk2));
+        });
+    }
 
     // Phase 3: weighted sum over each token's slots, in slot order (independent of threads).
     auto combine = [&](int64_t t, int) {

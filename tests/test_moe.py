@@ -87,8 +87,11 @@ def test_moe_repeated_expert_and_skew(rng):
     check_close(out, reference(x.astype(np.float64), ids, w, gd, ud, dd), 5e-2, "moe one expert")
 
 
-def test_moe_thread_independent(rng):
-    E, H, I, K, M = 32, 512, 256, 8, 32
+@pytest.mark.parametrize("E,K", [(32, 8), (4, 2)])
+def test_moe_thread_independent(E, K, rng):
+    # 32 experts: whole-expert tasks with both phases in one task on 1 and 4 threads; 4 experts on 4
+    # threads: row-chunk tasks and two phases (against whole experts on 1 thread)
+    H, I, M = 512, 256, 32
     g, _ = make_experts(rng, "q4_k", E, I, H)
     u, _ = make_experts(rng, "q4_k", E, I, H)
     d, _ = make_experts(rng, "q6_k", E, H, I)
