@@ -135,8 +135,11 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
     constexpr int TPE = Kind::TOKENS_PER_ENTRY, ROWS = Kind::ROWS;
     static_assert(Kind::GROUP % TPE == 0 && 8 % TPE == 0, "token groups start on an entry");
     const int64_t nb = K / QK_K;
-    thread_local std::vector<XT> xt;
-    xt.resize((size_t)(M + TPE - 1) / TPE * nb);
+    // (per-thread buffers, their addresses taken once: a thread_local named in the loops below costs a
+    // __tls_get_addr call per row in this shared library, ~1% of a 32-token forward)
+    thread_local std::vector<XT> xt_buf;
+    xt_buf.resize((size_t)(M + TPE - 1) / TPE * nb);
+    XT* const xt = xt_buf.data();
     for (int t = 0; t < M; t += TPE)
         for (int64_t b = 0; b < nb; b++) {
             const block_q8_K* src[TPE];
@@ -147,19 +150,20 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
     // Several token groups: the first unpacks each row of a chunk while it computes (the weight stream
     // overlaps the products) and stores it; the others load it.
     const bool pre = M > Kind::GROUP;
-    thread_local std::vector<typename Kind::U> ut;
-    if (pre) ut.resize((size_t)std::min(chunk, n1 - n0) * nb);
+    thread_local std::vector<typename Kind::U> ut_buf;
+    if (pre) ut_buf.resize((size_t)std::min(chunk, n1 - n0) * nb);
+    typename Kind::U* const ut = pre ? ut_buf.data() : nullptr;
     typename Kind::Part part[Kind::SLOTS * ROWS];
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
         const int64_t c1 = std::min(n1, c0 + chunk);
         for (int m = 0; m < M; m += Kind::GROUP) {
-            const XT* x = xt.data() + m / TPE * nb;
+            const XT* x = xt + m / TPE * nb;
             const int rn = std::min(Kind::GROUP, M - m);
             for (int64_t n = c0; n < c1; n += ROWS) {
                 const int rows = (int)std::min<int64_t>(ROWS, c1 - n);
                 for (int r = 0; r < rows; r++) {
                     const uint8_t* w = W + (n + r) * wrb;
-                    typename Kind::U* u = pre ? &ut[(n + r - c0) * nb] : nullptr;
+                    typename Kind::U* u = pre ? ut + (n + r - c0) * nb : nullptr;
                     if (!pre)
                         tile_tokens<Kind, Rows::RAW>(rn, w, u, x, nb, part + r);
                     else if (m == 0)
