@@ -30,6 +30,19 @@ inline V8 min8(V8 a, V8 b) { return _mm256_min_ps(a, b); }
 inline V8 fma8(V8 a, V8 b, V8 c) { return _mm256_fmadd_ps(a, b, c); }    // a b + c
 inline V8 fnma8(V8 a, V8 b, V8 c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a b
 inline V8 lt_select8(V8 a, V8 b, V8 x, V8 y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+// 8 groups of 4 floats (p[4l + j]) -> out[j] lane l = p[4l + j]: the conv's taps of 8 channels
+inline void transpose4x8(const float* p, V8 out[4]) {
+    const __m256 r0 = _mm256_loadu_ps(p), r1 = _mm256_loadu_ps(p + 8), r2 = _mm256_loadu_ps(p + 16),
+                 r3 = _mm256_loadu_ps(p + 24);
+    const __m256 a0 = _mm256_permute2f128_ps(r0, r2, 0x20), a1 = _mm256_permute2f128_ps(r0, r2, 0x31);
+    const __m256 a2 = _mm256_permute2f128_ps(r1, r3, 0x20), a3 = _mm256_permute2f128_ps(r1, r3, 0x31);
+    const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
+    const __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
+    out[0] = _mm256_shuffle_ps(t0, t2, 0x44);
+    out[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+    out[2] = _mm256_shuffle_ps(t1, t3, 0x44);
+    out[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+}
 inline V8 f16x8_to_8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 inline V8 i8x8_to_8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));

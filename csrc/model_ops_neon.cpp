@@ -36,6 +36,11 @@ inline V8 max8(V8 a, V8 b) { return {vmaxq_f32(a.lo, b.lo), vmaxq_f32(a.hi, b.hi
 inline V8 min8(V8 a, V8 b) { return {vminq_f32(a.lo, b.lo), vminq_f32(a.hi, b.hi)}; }
 inline V8 fma8(V8 a, V8 b, V8 c) { return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)}; }  // a b + c
 inline V8 fnma8(V8 a, V8 b, V8 c) { return {vfmsq_f32(c.lo, a.lo, b.lo), vfmsq_f32(c.hi, a.hi, b.hi)}; }  // c - a b
+// 8 groups of 4 floats (p[4l + j]) -> out[j] lane l = p[4l + j]: the conv's taps of 8 channels
+inline void transpose4x8(const float* p, V8 out[4]) {
+    const float32x4x4_t a = vld4q_f32(p), b = vld4q_f32(p + 16);
+    for (int j = 0; j < 4; j++) out[j] = {a.val[j], b.val[j]};
+}
 inline V8 lt_select8(V8 a, V8 b, V8 x, V8 y) {  // a < b ? x : y
     return {vbslq_f32(vcltq_f32(a.lo, b.lo), x.lo, y.lo), vbslq_f32(vcltq_f32(a.hi, b.hi), x.hi, y.hi)};
 }

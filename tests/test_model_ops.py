@@ -345,7 +345,7 @@ def test_attention_threads(kv, D, T, Hq, mask, rng, threads):
 # ---- causal conv ----
 
 
-@pytest.mark.parametrize("T,C,K", [(1, 8, 4), (2, 13, 4), (9, 40, 4), (5, 70, 1), (6, 16, 3)])
+@pytest.mark.parametrize("T,C,K", [(1, 8, 4), (2, 13, 4), (9, 40, 4), (5, 70, 1), (6, 16, 3), (3, 620, 4), (2, 530, 3)])
 def test_conv1d_silu(T, C, K, rng):
     x = f32(rng, T, C, scale=2.0)
     w = f32(rng, C, K)
