@@ -58,6 +58,9 @@ inline void finish_rows8(const __m256* a, int rows, float* y) {
 struct GroupedRows8 {
     using Part = __m256;
     static constexpr int ROWS = 8;
+    static void finish(const Part* part, int rn, int rows, float* Y, int64_t ldy) {
+        for (int t = 0; t < rn; t++) finish_rows8(part + t * ROWS, rows, Y + t * ldy);
+    }
 };
 
 struct alignas(32) XK4V {  // one q8_K super-block of one token, in lane order
@@ -70,9 +73,6 @@ struct KindQ4KV : GroupedRows8 {
     using X = XK4V;
     static constexpr int GROUP = 6;  // tokens per tile: 2 x 6 accumulators + operands in 16 registers
     static constexpr int SLOTS = GROUP;
-    static void finish(const Part* part, int rn, int rows, float* Y, int64_t ldy) {
-        for (int t = 0; t < rn; t++) finish_rows8(part + t * ROWS, rows, Y + t * ldy);
-    }
     static constexpr int TOKENS_PER_ENTRY = 1;
     static void reorder(const block_q8_K* const* x, X* out) {
         const block_q8_K* b = x[0];
@@ -156,9 +156,6 @@ struct KindQ6KV : GroupedRows8 {
     using X = XK6V;
     static constexpr int GROUP = 4;  // tokens per tile: 3 x 4 accumulators + operands in 16 registers
     static constexpr int SLOTS = GROUP;
-    static void finish(const Part* part, int rn, int rows, float* Y, int64_t ldy) {
-        for (int t = 0; t < rn; t++) finish_rows8(part + t * ROWS, rows, Y + t * ldy);
-    }
     static constexpr int TOKENS_PER_ENTRY = 1;
     static void reorder(const block_q8_K* const* x, X* out) {
         const block_q8_K* b = x[0];

@@ -202,9 +202,10 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     const int64_t n_used = (int64_t)used.size();
 
     // Phase 1: h = silu(gate(x)) * up(x) for every (expert, row chunk); phase 2: the down projections,
-    // written per slot. Tasks are whole experts unless threads would idle (one stream per matrix, the
-    // activations reordered once: against 256-row tasks the twin's MoE ran 7-8% faster at 8 and 32
-    // tokens, 9% at one); then one task runs an expert's both phases, without a barrier between them.
+    // written per slot. Tasks are whole experts when there are at least 4 experts per thread
+    // (rows_per_task's rule, uncapped: one stream per matrix, the activations reordered once; against
+    // 256-row tasks the twin's MoE ran 7-8% faster at 8 and 32 tokens, 9% at one); then one task runs
+    // an expert's both phases, without a barrier between them. Fewer experts: row chunks, two phases.
     const ModelKernels& mk = model_kernels_of(kr);
     std::vector<float> g((size_t)n_slots * I), u((size_t)n_slots * I);
     const gemm_fn gate_fn = kr.gemm(gate.w.type), up_fn = kr.gemm(up.w.type), down_fn = kr.gemm(down.w.type);

@@ -133,7 +133,7 @@ def combine_rounds(runs: list[dict]) -> dict:
                                 for t in runs[0]["tokens_per_second"]}
     out["peak_rss_gb"] = max(r["peak_rss_gb"] for r in runs)
     if len(runs) > 1:
-        out["rounds"] = [{"tokens_per_second": r["tokens_per_second"], "peak_rss_gb": r["peak_rss_gb"]} for r in runs]
+        out["rounds"] = [{k: r[k] for k in ("tokens_per_second", "peak_rss_gb", "load_seconds") if k in r} for r in runs]
     return out
 
 
@@ -216,11 +216,15 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.json_out) if args.json_out else workdir / "bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     ratios = {}
+    round_ratios = []
     if "llama" in results:
         for t in tests:
             ratios[t] = results["clover"]["tokens_per_second"][t] / results["llama"]["tokens_per_second"][t]
         ratios["peak_rss"] = results["clover"]["peak_rss_gb"] / results["llama"]["peak_rss_gb"]
+        # each round's own ratios (its two runs minutes apart): how far one pair of runs can be trusted
+        round_ratios = [{t: c["tokens_per_second"][t] / l["tokens_per_second"][t] for t in tests}
+                        for c, l in zip(runs["clover"], runs["llama"])]
     out.write_text(json.dumps({"model": str(model), "threads": threads, "date": time.strftime("%Y-%m-%d %H:%M"),
-                               "results": results, "ratios": ratios, "tg_roofline": roof}, indent=1))
+                               "results": results, "ratios": ratios, "round_ratios": round_ratios, "tg_roofline": roof}, indent=1))
     log(f"wrote {out}")
     return 0
