@@ -94,10 +94,15 @@ inline void lane_order(const int8_t* src, int8_t* dst) {
 // a row's result does not depend on the rows it is grouped with.
 inline void quarter_sums8(const __m512* a, __m512& c03, __m512& c47) {
     auto pair = [](__m512 x, __m512 y) { return _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y)); };
-    auto quad = [](__m512 x, __m512 y) { return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE)); };
+    auto quad = [](__m512 x, __m512 y) {
+        return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE));
+    };
     c03 = quad(pair(a[0], a[1]), pair(a[2], a[3]));
     c47 = quad(pair(a[4], a[5]), pair(a[6], a[7]));
 }
+
+// lanes 8-15 (AVX512F has no 256-bit float extract; the pd one moves the same bits)
+inline __m256 high_half(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
 
 // Quarters [half 0 of rows 0-3, half 1 of rows 0-3, half 0 of rows 4-7, half 1 of rows 4-7], where a
 // half is the sum of quarters 0+1 (or 2+3) of each row.
@@ -121,7 +126,7 @@ struct KindQ4K {
             const __m512 g = _mm512_shuffle_f32x4(f, f, 0xD8);  // [even token rows 0-7 | odd token rows 0-7]
             _mm256_mask_storeu_ps(Y + 2 * p * ldy, k, _mm512_castps512_ps256(g));
             if (2 * p + 1 < rn)
-                _mm256_mask_storeu_ps(Y + (2 * p + 1) * ldy, k, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(g), 1)));
+                _mm256_mask_storeu_ps(Y + (2 * p + 1) * ldy, k, high_half(g));
         }
     }
     // tokens x[0] and, unless null, x[1]
@@ -226,7 +231,7 @@ struct KindQ6K {
         for (int t = 0; t < rn; t++) {
             const __m512 f = half_sums8(part + t * ROWS);
             const __m512 g = _mm512_shuffle_f32x4(f, f, 0xD8);  // [rows 0-7 half 0 | rows 0-7 half 1]
-            const __m256 y = _mm256_add_ps(_mm512_castps512_ps256(g), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(g), 1)));
+            const __m256 y = _mm256_add_ps(_mm512_castps512_ps256(g), high_half(g));
             _mm256_mask_storeu_ps(Y + t * ldy, k, y);
         }
     }

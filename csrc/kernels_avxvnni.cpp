@@ -127,7 +127,8 @@ struct KindQ4KV : GroupedRows8 {
             for (int c = 0; c < 8; c++) {
                 const __m256i q = _mm256_load_si256(&ub->q[c]);
                 for (int t = 0; t < RN; t++)
-                    v[t] = _mm256_dpbusd_avx_epi32(v[t], q, _mm256_load_si256((const __m256i*)(x[t * nb + b].q + 32 * c)));
+                    v[t] = _mm256_dpbusd_avx_epi32(v[t], q,
+                                                   _mm256_load_si256((const __m256i*)(x[t * nb + b].q + 32 * c)));
             }
             for (int t = 0; t < RN; t++) {
                 const X& xt = x[t * nb + b];

@@ -89,6 +89,19 @@ struct ModelKernels {
 };
 constexpr int64_t ATTN_LANE_ROWS = 8;  // at 8 rows (half the lanes) still 1.5x the AVX2 kernel (measured)
 
+// The constants of the SIMD e^x (exp4 / exp8 in model_ops_neon.cpp and model_ops_avx2.cpp, exp16 in
+// model_ops_avx512.cpp), one set for every width: x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts,
+// Cody-Waite), e^r = 1 + r + r^2 P(r) with Cephes expf's degree-5 minimax P (highest power first),
+// 2^n from the exponent bits. About 1 ulp; 0 below ZERO_BELOW (no subnormal results), inf above
+// INF_ABOVE, NaN stays NaN.
+struct ExpConsts {
+    static constexpr float X_MIN = -87.34f, X_MAX = 88.72f;  // the input clamp
+    static constexpr float LOG2E = 1.44269504088896341f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
+    static constexpr float P0 = 1.9875691500e-4f, P1 = 1.3981999507e-3f, P2 = 8.3334519073e-3f,
+                           P3 = 4.1665795894e-2f, P4 = 1.6666665459e-1f, P5 = 5.0000001201e-1f;
+    static constexpr float INF_ABOVE = 88.7228f, ZERO_BELOW = -87.3365f;
+};
+
 // n floats of scratch in buf starting on a 64-byte boundary: 32-byte vectors never split a cache
 // line (a 16-byte aligned state made the recurrent delta rule ~1.6x slower here).
 inline float* aligned_floats(std::vector<float>& buf, size_t n) {
@@ -99,7 +112,8 @@ inline float* aligned_floats(std::vector<float>& buf, size_t n) {
 const ModelKernels& model_kernels_ref();
 const ModelKernels* model_kernels_avx2();  // null in builds without the AVX2 file
 const ModelKernels* model_kernels_neon();  // null in builds without the NEON file
-const ModelKernels* model_kernels_avx512();  // AVX2's with an AVX-512 gated delta rule and attention; null without the file
+// AVX2's with an AVX-512 gated delta rule and attention; null without the file
+const ModelKernels* model_kernels_avx512();
 // The table for an ISA name ("ref", "avx2", "neon"); throws std::invalid_argument
 // when the ISA is not available. The active table follows dispatch.h's active ISA.
 const ModelKernels& model_kernels_for(const std::string& isa);

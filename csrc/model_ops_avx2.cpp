@@ -62,27 +62,22 @@ inline float hmax(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// e^x: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two, Cody-Waite), e^r = 1 + r + r^2 P(r) with
-// Cephes expf's degree-5 minimax P, 2^n from the exponent bits. About 1 ulp; 0 below -87.34 (no
-// subnormal results), inf above 88.72, NaN stays NaN.
+// e^x (model_ops.h's ExpConsts: the method, its accuracy and range)
 inline __m256 exp8(__m256 x) {
-    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.34f)), _mm256_set1_ps(88.72f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+    using E = ExpConsts;
+    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(E::X_MIN)), _mm256_set1_ps(E::X_MAX));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(E::LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     n = _mm256_min_ps(n, _mm256_set1_ps(127.f));
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(E::LN2_HI), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(E::LN2_LO), r);
+    __m256 p = _mm256_set1_ps(E::P0);
+    for (const float c : {E::P1, E::P2, E::P3, E::P4, E::P5}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(88.7228f), _CMP_GT_OQ));
-    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-87.3365f), _CMP_LT_OQ));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(E::INF_ABOVE), _CMP_GT_OQ));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(E::ZERO_BELOW), _CMP_LT_OQ));
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 

@@ -112,26 +112,23 @@ struct alignas(64) Lane16i {
     int32_t i[16];
 };
 
-// e^x, 16 lanes: model_ops_avx2.cpp's exp8, the same constants and steps (about 1 ulp; 0 below
-// -87.34, inf above 88.72, NaN stays NaN).
+// e^x, 16 lanes: model_ops_avx2.cpp's exp8, the same constants (model_ops.h's ExpConsts) and steps
 inline __m512 exp16(__m512 x) {
-    const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.34f)), _mm512_set1_ps(88.72f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+    using E = ExpConsts;
+    const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(E::X_MIN)), _mm512_set1_ps(E::X_MAX));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(E::LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     n = _mm512_min_ps(n, _mm512_set1_ps(127.f));
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(E::LN2_HI), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(E::LN2_LO), r);
+    __m512 p = _mm512_set1_ps(E::P0);
+    for (const float c : {E::P1, E::P2, E::P3, E::P4, E::P5}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7228f), _CMP_GT_OQ), y, _mm512_set1_ps(INFINITY));
-    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365f), _CMP_LT_OQ), y, _mm512_setzero_ps());
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(E::INF_ABOVE), _CMP_GT_OQ), y,
+                             _mm512_set1_ps(INFINITY));
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(E::ZERO_BELOW), _CMP_LT_OQ), y, _mm512_setzero_ps());
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
 }
 

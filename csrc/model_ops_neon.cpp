@@ -58,25 +58,21 @@ inline V8 i8x8_to_8(const int8_t* p) {
     return {vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), vcvtq_f32_s32(vmovl_high_s16(w))};
 }
 
-// e^x as in model_ops_avx2.cpp (Cody-Waite reduction, Cephes expf's degree-5 polynomial, 2^n from the
-// exponent bits): about 1 ulp; 0 below -87.34, inf above 88.72, NaN stays NaN.
+// e^x as in model_ops_avx2.cpp (model_ops.h's ExpConsts: the method, its accuracy and range)
 inline float32x4_t exp4(float32x4_t x) {
-    const float32x4_t xc = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.34f)), vdupq_n_f32(88.72f));
-    float32x4_t n = vrndnq_f32(vmulq_f32(xc, vdupq_n_f32(1.44269504088896341f)));
+    using E = ExpConsts;
+    const float32x4_t xc = vminq_f32(vmaxq_f32(x, vdupq_n_f32(E::X_MIN)), vdupq_n_f32(E::X_MAX));
+    float32x4_t n = vrndnq_f32(vmulq_f32(xc, vdupq_n_f32(E::LOG2E)));
     n = vminq_f32(n, vdupq_n_f32(127.f));
-    float32x4_t r = vfmsq_f32(xc, n, vdupq_n_f32(0.693359375f));
-    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
-    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
-    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    float32x4_t r = vfmsq_f32(xc, n, vdupq_n_f32(E::LN2_HI));
+    r = vfmsq_f32(r, n, vdupq_n_f32(E::LN2_LO));
+    float32x4_t p = vdupq_n_f32(E::P0);
+    for (const float c : {E::P1, E::P2, E::P3, E::P4, E::P5}) p = vfmaq_f32(vdupq_n_f32(c), p, r);
     p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.f)), p, vmulq_f32(r, r));
     const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23);
     float32x4_t y = vmulq_f32(p, vreinterpretq_f32_s32(e));
-    y = vbslq_f32(vcgtq_f32(x, vdupq_n_f32(88.7228f)), vdupq_n_f32(INFINITY), y);
-    y = vbslq_f32(vcltq_f32(x, vdupq_n_f32(-87.3365f)), vdupq_n_f32(0.f), y);
+    y = vbslq_f32(vcgtq_f32(x, vdupq_n_f32(E::INF_ABOVE)), vdupq_n_f32(INFINITY), y);
+    y = vbslq_f32(vcltq_f32(x, vdupq_n_f32(E::ZERO_BELOW)), vdupq_n_f32(0.f), y);
     return vbslq_f32(vceqq_f32(x, x), y, x);  // NaN lanes keep x
 }
 inline V8 exp8(V8 x) { return {exp4(x.lo), exp4(x.hi)}; }

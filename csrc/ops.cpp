@@ -45,10 +45,6 @@ void gemm_rows(gemm_fn fn, const WeightView& W, const uint8_t* Xq, size_t xrb, i
     }
 }
 
-}  // namespace
-
-namespace {
-
 // Activation rows [m0, m1) of X quantized for weights of type t, on the calling thread.
 void quantize_act_rows(Type t, const float* X, int64_t m0, int64_t m1, int64_t K, uint8_t* out) {
     const size_t rb = act_row_bytes(t, K);

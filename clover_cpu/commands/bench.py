@@ -19,9 +19,9 @@ def add_parser(sub) -> None:
         "bench",
         help="measure clover-cpu against llama.cpp on the same file (pp1..pp512, tg, peak RSS)",
         description="Autoregressive speed of clover-cpu and llama.cpp on one qwen35moe GGUF with the same "
-        "threads, each engine in its own process, one after the other (--rounds N: N times, alternating): ppN forwards N tokens into a fresh "
-        "context, tg generates tokens one at a time. Prints a table of tokens/s with the ratio "
-        "clover-cpu / llama.cpp and writes JSON. Without -m, builds (once, in --workdir) the random-weight "
+        "threads, each engine in its own process, one after the other (--rounds N: N times, alternating): "
+        "ppN forwards N tokens into a fresh context, tg generates tokens one at a time. Prints a table of "
+        "tokens/s with the ratio clover-cpu / llama.cpp and writes JSON. Without -m, builds (once, in --workdir) the random-weight "
         "benchmark model: the Clover-35B shape with 32 experts, Q4_K_M, about 4 GB (it needs ~17 GB of disk "
         "while building). llama.cpp comes from llama-cpp-python, found in this Python or in --llama-python "
         "(bench/setup_peers.sh builds one in .venv-peers). With tg, also measures the read bandwidth around the "
@@ -133,7 +133,8 @@ def combine_rounds(runs: list[dict]) -> dict:
                                 for t in runs[0]["tokens_per_second"]}
     out["peak_rss_gb"] = max(r["peak_rss_gb"] for r in runs)
     if len(runs) > 1:
-        out["rounds"] = [{k: r[k] for k in ("tokens_per_second", "peak_rss_gb", "load_seconds") if k in r} for r in runs]
+        keep = ("tokens_per_second", "peak_rss_gb", "load_seconds")
+        out["rounds"] = [{k: r[k] for k in keep if k in r} for r in runs]
     return out
 
 
@@ -225,6 +226,7 @@ def main(args: argparse.Namespace) -> int:
         round_ratios = [{t: c["tokens_per_second"][t] / l["tokens_per_second"][t] for t in tests}
                         for c, l in zip(runs["clover"], runs["llama"])]
     out.write_text(json.dumps({"model": str(model), "threads": threads, "date": time.strftime("%Y-%m-%d %H:%M"),
-                               "results": results, "ratios": ratios, "round_ratios": round_ratios, "tg_roofline": roof}, indent=1))
+                               "results": results, "ratios": ratios, "round_ratios": round_ratios,
+                               "tg_roofline": roof}, indent=1))
     log(f"wrote {out}")
     return 0
