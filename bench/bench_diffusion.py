@@ -61,8 +61,8 @@ class Recorder:
                 self.calls[-1]["rows"] += len(h)
             return out
 
-        def logged_moe(L, x):
-            out = moe(L, x)
+        def logged_moe(L, x, prefetch):
+            out = moe(L, x, prefetch)
             self._experts.append(int(model.last_experts_used))
             return out
 

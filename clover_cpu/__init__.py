@@ -19,11 +19,12 @@ def set_num_threads(n: int) -> None:
     _core.set_num_threads(int(n))
 
 
-def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16"):
+def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16",
+         prefetch: str = "auto"):
     """Open a clover or qwen35moe GGUF file (validated, weights memory-mapped in place)."""
     from .model import load as _load
 
-    return _load(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type)
+    return _load(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch)
 
 
 def _init_threads() -> None:

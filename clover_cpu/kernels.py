@@ -49,13 +49,20 @@ def matmul_many(x: np.ndarray, weights, *, isa: str | None = None) -> list[np.nd
 
 
 def moe_block(x, router, top_k, gate, up, down, gate_fmt, down_fmt, gate_sh, up_sh, down_sh, shexp_gate, *,
-              isa=None) -> tuple[np.ndarray, int]:
+              isa=None, prefetch: bool = False) -> tuple[np.ndarray, int]:
     """A whole MoE feed-forward with its shared expert, in one call:
     moe(x; top-k of softmax(x @ router^T)) + sigmoid(x @ shexp_gate^T) * down_sh(silu(gate_sh(x)) * up_sh(x)).
     router, gate_sh, up_sh, down_sh, shexp_gate: (uint8 rows, format) pairs; gate/up/down: stacked
-    experts (gate and up share gate_fmt). Returns (out [M, H], number of distinct experts used)."""
+    experts (gate and up share gate_fmt). prefetch: routed experts whose first page is not in memory are
+    requested from the disk together (MADV_WILLNEED) and computed last; same result.
+    Returns (out [M, H], number of distinct experts used)."""
     return _core.moe_block(x, router, int(top_k), gate, up, down, gate_fmt, down_fmt, gate_sh, up_sh, down_sh,
-                           shexp_gate, isa=isa)
+                           shexp_gate, isa=isa, prefetch=bool(prefetch))
+
+
+def experts_prefetched() -> int:
+    """How many experts moe_block(prefetch=True) has requested from the disk in this process."""
+    return _core.experts_prefetched()
 
 
 def moe(

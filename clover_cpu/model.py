@@ -11,6 +11,7 @@ them), so a block-diffusion decoder can denoise a block many times and commit it
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -142,12 +143,65 @@ class Cache:
 # ---- the model ----
 
 KV_TYPES = {"f16": np.float16, "f32": np.float32, "q8_0": np.uint8}  # attention cache element types
+PREFETCH_MODES = ("auto", "on", "off")  # routed experts not in memory: read ahead (csrc/ops.cpp)
+PREFETCH_QUIET = 8  # auto: forwards without a disk read before the residency checks stop
+
+
+def memory_for_files() -> int | None:
+    """Bytes of page cache a mapped file can have: MemAvailable (physical memory where there is no
+    /proc/meminfo), capped by this process's cgroup memory limit. None if unknown."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return None
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                hid, controllers, path = line.rstrip("\n").split(":", 2)
+                if hid == "0":
+                    limit = f"/sys/fs/cgroup{path}/memory.max"
+                elif "memory" in controllers.split(","):
+                    limit = f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"
+                else:
+                    continue
+                try:
+                    with open(limit) as g:
+                        value = g.read().strip()
+                except OSError:
+                    continue
+                if value.isdigit():
+                    avail = min(avail, int(value))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def _disk_reads() -> tuple[int, int]:
+    """(major page faults of this process, experts requested from the disk): either moving means
+    weights came from the disk."""
+    try:
+        import resource
+
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    except (ImportError, OSError):
+        faults = 0
+    return faults, kernels.experts_prefetched()
 
 
 class Model:
     """A Clover or Qwen3.5-MoE model from a GGUF file, mapped in place."""
 
-    def __init__(self, path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16"):
+    def __init__(self, path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16",
+                 prefetch: str = "auto"):
         from . import set_num_threads
 
         if threads is not None:
@@ -157,7 +211,19 @@ class Model:
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}")
         self.kv_type, self.kv_dtype = kv_type, KV_TYPES[kv_type]
+        if prefetch not in PREFETCH_MODES:
+            raise ValueError(f"prefetch must be one of {', '.join(PREFETCH_MODES)}")
+        self.prefetch, self._prefetching, self._quiet = prefetch, prefetch != "off", 0
+        self._reads = _disk_reads()
         self.file = GGUFFile(path)
+        # auto: only when the page cache cannot hold the whole file (a model larger than the free memory).
+        # Then the routed experts' residency is checked from the start, and no longer after PREFETCH_QUIET
+        # forwards without a page read from the disk; a major page fault or an expert requested from the
+        # disk turns the checks back on (prefetch_experts in csrc/ops.cpp). A file that fits is left to
+        # page faults: their readahead windows also bring in the neighbouring experts that later tokens
+        # use, which paid off on a cold Clover-35B-shape file that fits (bench/NOTES.md change 32).
+        room = memory_for_files()
+        self._fits = room is None or self.file.path.stat().st_size <= room
         try:
             self.config = Config.from_gguf(self.file)
             D = self.config.head_dim
@@ -301,15 +367,27 @@ class Model:
         o = ops.gated_rms_norm(o, z, L["ssm_norm"], c.eps)
         return mat(o.reshape(T, c.value_dim), L["ssm_out"])
 
-    def _moe(self, L: dict, x: np.ndarray) -> np.ndarray:
+    def _moe(self, L: dict, x: np.ndarray, prefetch: bool) -> np.ndarray:
         c = self.config
         # routed experts (top-k of the router's softmax) + the gated shared expert, one C++ call:
         # moe(x) + sigmoid(x . shexp_gate) * down_sh(silu(gate_sh(x)) * up_sh(x))
         g, u, d = L["gate_exps"], L["up_exps"], L["down_exps"]
         out, self.last_experts_used = kernels.moe_block(
             np.ascontiguousarray(x, dtype=np.float32), pair(L["router"]), c.n_expert_used, g.data, u.data, d.data,
-            g.fmt, d.fmt, pair(L["gate_shexp"]), pair(L["up_shexp"]), pair(L["down_shexp"]), pair(L["shexp_gate_inp"]))
+            g.fmt, d.fmt, pair(L["gate_shexp"]), pair(L["up_shexp"]), pair(L["down_shexp"]), pair(L["shexp_gate_inp"]),
+            prefetch=prefetch)
         return out
+
+    def _update_prefetch(self) -> None:
+        if self.prefetch != "auto":
+            return
+        reads = _disk_reads()
+        if reads != self._reads:
+            self._prefetching, self._quiet = True, 0
+        else:
+            self._quiet += 1
+            self._prefetching = self._quiet < PREFETCH_QUIET
+        self._reads = reads
 
     # -- spans --
 
@@ -337,13 +415,15 @@ class Model:
             raise ValueError(f"commit must be between 0 and {ids.size}")
         pos = np.arange(cache.n, cache.n + ids.size, dtype=np.int32)
         x = kernels.dequantize(np.ascontiguousarray(self.embed.data[ids]), self.embed.fmt)
+        prefetch = self._prefetching and (self.prefetch == "on" or not self._fits)
         for i, L in enumerate(self.layers):
             h = rmsnorm(x, L["attn_norm"], c.eps)
             if c.recurrent[i]:
                 x += self._gated_deltanet(i, L, h, cache, commit)
             else:
                 x += self._attention(i, L, h, pos, cache, commit, block)
-            x += self._moe(L, rmsnorm(x, L["post_norm"], c.eps))
+            x += self._moe(L, rmsnorm(x, L["post_norm"], c.eps), prefetch)
+        self._update_prefetch()
         cache.n += commit
         cache.tokens.extend(int(t) for t in ids[:commit])
         h = rmsnorm(x, self.output_norm, c.eps)
@@ -422,8 +502,12 @@ class Model:
         self.file.close()
 
 
-def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16") -> Model:
+def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16",
+         prefetch: str = "auto") -> Model:
     """Open a clover or qwen35moe GGUF file; weights stay memory-mapped in place. kv_type: the attention
     cache's element type: "f16" (default), "f32", or "q8_0" (ggml's Q8_0 blocks, 1.06 bytes per value: about
-    half the memory of f16 at a long context; needs a head dim that is a multiple of 32)."""
-    return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type)
+    half the memory of f16 at a long context; needs a head dim that is a multiple of 32). prefetch: routed
+    experts whose weights are not in memory are read from the disk all at once, before any is computed:
+    "auto" (default: checked while the disk is being read, a few microseconds per expert), "on" (checked
+    always), "off" (left to page faults)."""
+    return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch)

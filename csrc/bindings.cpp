@@ -269,7 +269,8 @@ WeightView weight_arg(const py::object& obj, const char* what) {
 py::tuple py_moe_block(const py::array& x, const py::object& router, int top_k, const py::array& gate,
                        const py::array& up, const py::array& down, const std::string& gate_type,
                        const std::string& down_type, const py::object& gate_sh, const py::object& up_sh,
-                       const py::object& down_sh, const py::object& shexp_gate, const std::optional<std::string>& isa) {
+                       const py::object& down_sh, const py::object& shexp_gate, const std::optional<std::string>& isa,
+                       bool prefetch) {
     const Kernels& kr = kernels_arg(isa);
     check_array<float>(x, "x", 2, "float32");
     const int64_t M = x.shape(0), H = x.shape(1);
@@ -293,7 +294,7 @@ py::tuple py_moe_block(const py::array& x, const py::object& router, int top_k, 
     float* O = out.mutable_data();
     if (M > 0) {
         py::gil_scoped_release nogil;
-        n_used = moe_block(kr, X, M, R, top_k, g, u, d, GS, US, DS, SG, O);
+        n_used = moe_block(kr, X, M, R, top_k, g, u, d, GS, US, DS, SG, O, prefetch);
     }
     return py::make_tuple(out, n_used);
 }
@@ -380,7 +381,9 @@ PYBIND11_MODULE(_core, m) {
           py::arg("isa") = py::none());
     m.def("moe_block", &py_moe_block, py::arg("x"), py::arg("router"), py::arg("top_k"), py::arg("gate"),
           py::arg("up"), py::arg("down"), py::arg("gate_type"), py::arg("down_type"), py::arg("gate_sh"),
-          py::arg("up_sh"), py::arg("down_sh"), py::arg("shexp_gate"), py::kw_only(), py::arg("isa") = py::none());
+          py::arg("up_sh"), py::arg("down_sh"), py::arg("shexp_gate"), py::kw_only(), py::arg("isa") = py::none(),
+          py::arg("prefetch") = false);
+    m.def("experts_prefetched", &experts_prefetched);
     m.def("moe", &py_moe, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("gate"), py::arg("up"),
           py::arg("down"), py::arg("gate_type"), py::arg("up_type"), py::arg("down_type"), py::kw_only(),
           py::arg("isa") = py::none());

@@ -1,6 +1,7 @@
 #include "ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -10,6 +11,12 @@
 #include "model_ops.h"
 #include "quants.h"
 #include "threadpool.h"
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#define CLOVER_HAVE_MINCORE 1
+#endif
 
 namespace clover {
 
@@ -61,6 +68,66 @@ void quantize_act_rows(Type t, const float* X, int64_t m0, int64_t m1, int64_t K
                 break;
         }
     }
+}
+
+std::atomic<int64_t> g_experts_prefetched{0};
+
+#if CLOVER_HAVE_MINCORE
+size_t page_size() {
+    static const size_t n = (size_t)sysconf(_SC_PAGESIZE);
+    return n;
+}
+
+// Whether the page holding p is in memory (an unmapped or anonymous address counts as in memory).
+bool in_memory(const void* p) {
+    const uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page_size() - 1);
+#if defined(__APPLE__)
+    char v = 0;
+#else
+    unsigned char v = 0;
+#endif
+    return mincore((void*)a, 1, &v) != 0 || (v & 1);
+}
+
+// Ask the kernel to start reading [p, p + n) of a mapped file now (it returns before the reads finish).
+void will_need(const void* p, size_t n) {
+    const uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page_size() - 1);
+    madvise((void*)a, (uintptr_t)p + n - a, MADV_WILLNEED);
+}
+#else
+bool in_memory(const void*) { return true; }
+void will_need(const void*, size_t) {}
+#endif
+
+// Request the experts of `used` that are not wholly in memory (the first or last page of one of their
+// three slices is not), and move them after the others (keeping the order within each group), so the
+// cores work on resident experts while the disk reads. A page fault reads one readahead window around
+// the page, one fault at a time per thread; here every missing expert's slices are in flight at once
+// (600 KB ranges of a cold file on this VM: 0.10 -> 0.9-1.1 GB/s).
+void prefetch_experts(std::vector<int64_t>& used, const ExpertsView& gate, const ExpertsView& up,
+                      const ExpertsView& down) {
+    std::vector<char> cold(used.size(), 0);
+    int64_t n_cold = 0;
+    for (size_t i = 0; i < used.size(); i++) {
+        const int64_t e = used[i];
+        bool resident = true;
+        for (const ExpertsView* x : {&gate, &up, &down}) {
+            const uint8_t* p = x->expert(e).data;
+            resident = resident && in_memory(p) && in_memory(p + (size_t)x->w.rows * x->w.row_bytes - 1);
+        }
+        if (resident) continue;
+        cold[i] = 1;
+        n_cold++;
+        for (const ExpertsView* x : {&gate, &up, &down})
+            will_need(x->expert(e).data, (size_t)x->w.rows * x->w.row_bytes);
+    }
+    if (n_cold == 0) return;
+    std::vector<int64_t> order;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < used.size(); i++)
+            if (cold[i] == pass) order.push_back(used[i]);
+    used.swap(order);
+    g_experts_prefetched.fetch_add(n_cold);
 }
 
 }  // namespace
@@ -138,7 +205,8 @@ void matmul_many(const Kernels& kr, const WeightView* Ws, size_t n, const float*
 
 int moe_block(const Kernels& kr, const float* X, int64_t M, const WeightView& router, int top_k,
               const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, const WeightView& gate_sh,
-              const WeightView& up_sh, const WeightView& down_sh, const WeightView& shexp_gate, float* out) {
+              const WeightView& up_sh, const WeightView& down_sh, const WeightView& shexp_gate, float* out,
+              bool prefetch) {
     const int64_t E = router.rows, I = gate_sh.rows, H = down_sh.rows;
     std::vector<float> logits(M * E), g(M * I), u(M * I), sg(M);
     const WeightView first[4] = {router, gate_sh, up_sh, shexp_gate};
@@ -147,7 +215,7 @@ int moe_block(const Kernels& kr, const float* X, int64_t M, const WeightView& ro
     std::vector<int32_t> ids(M * top_k);
     std::vector<float> w(M * top_k);
     router_topk(logits.data(), M, E, top_k, ids.data(), w.data());
-    const int n_used = moe(kr, X, M, ids.data(), w.data(), top_k, gate, up, down, out);
+    const int n_used = moe(kr, X, M, ids.data(), w.data(), top_k, gate, up, down, out, prefetch);
     const ModelKernels& mk = model_kernels_of(kr);
     swiglu(mk, g.data(), u.data(), M * I, g.data());
     std::vector<float> shared(M * H);
@@ -161,8 +229,10 @@ int moe_block(const Kernels& kr, const float* X, int64_t M, const WeightView& ro
     return n_used;
 }
 
+int64_t experts_prefetched() { return g_experts_prefetched.load(); }
+
 int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const float* weights, int top_k,
-        const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, float* out) {
+        const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, float* out, bool prefetch) {
     const int64_t E = gate.n_expert;
     const int64_t H = gate.w.k, I = gate.w.rows;
     const int64_t n_slots = M * top_k;
@@ -185,6 +255,7 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
         if (count[e] > 0) used.push_back(e);
     // Busiest experts first, so the long tasks start early.
     std::stable_sort(used.begin(), used.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
+    if (prefetch) prefetch_experts(used, gate, up, down);
 
     // Activations quantized once, then gathered in expert order.
     const size_t xrb = act_row_bytes(gate.w.type, H);

@@ -36,8 +36,14 @@ void matmul_many(const Kernels& kr, const WeightView* Ws, size_t n, const float*
 
 // out[M, H] = sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, j].
 // gate, up: [E, I, H]; down: [E, H, I]. Returns the number of distinct experts used.
+// prefetch: experts whose weights are not in memory (a mapped file larger than the page cache holds, or
+// one not read yet) are requested from the disk all at once (MADV_WILLNEED) before any is computed, and
+// run after the experts already in memory; the result does not change.
 int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const float* weights, int top_k,
-        const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, float* out);
+        const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, float* out, bool prefetch = false);
+
+// How many experts moe() has requested from the disk so far (all threads, since the module loaded).
+int64_t experts_prefetched();
 
 // The whole feed-forward of a Clover / Qwen3.5-MoE layer in one call:
 //   out = moe(x; top-k of softmax(x @ router^T)) + sigmoid(x @ shexp_gate^T) * down_sh(silu(gate_sh(x)) * up_sh(x))
@@ -46,7 +52,8 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
 // number of distinct experts used.
 int moe_block(const Kernels& kr, const float* X, int64_t M, const WeightView& router, int top_k,
               const ExpertsView& gate, const ExpertsView& up, const ExpertsView& down, const WeightView& gate_sh,
-              const WeightView& up_sh, const WeightView& down_sh, const WeightView& shexp_gate, float* out);
+              const WeightView& up_sh, const WeightView& down_sh, const WeightView& shexp_gate, float* out,
+              bool prefetch = false);
 
 // Quantize M activation rows of K floats into the format that weight type t multiplies against.
 void quantize_acts(Type t, const float* X, int64_t M, int64_t K, uint8_t* out);

@@ -1,5 +1,7 @@
 """Mixture-of-experts product against a per-token float64 reference and against per-expert matmuls."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -154,3 +156,48 @@ def test_moe_block_bad_input(rng):
         kernels.moe_block(x, *args[:7], p["up_sh"], p["gate_sh"], p["gate_sh"], p["shexp_gate"])
     with pytest.raises(ValueError, match="one row"):
         kernels.moe_block(x, *args[:10], p["gate_sh"])
+
+
+def _filesystem(path) -> str:
+    best, fs = "", ""
+    for line in open("/proc/mounts"):
+        mnt, kind = line.split()[1:3]
+        if str(path).startswith(mnt) and len(mnt) > len(best):
+            best, fs = mnt, kind
+    return fs
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or not os.path.exists("/proc/mounts"),
+                    reason="needs posix_fadvise to drop a file from the page cache (Linux)")
+@pytest.mark.parametrize("m", [1, 32])
+def test_moe_block_prefetch_from_a_cold_file(m, rng, tmp_path):
+    # experts mapped from a file that is not in the page cache: prefetch=True requests the routed experts
+    # from the disk (the counter moves), computes them after the resident ones, and gives the same result
+    if _filesystem(tmp_path) in ("tmpfs", "ramfs", "overlay"):
+        pytest.skip("the temporary directory is in memory: nothing to drop from the page cache")
+    p = moe_block_parts(rng)
+    x = rng.standard_normal((m, 256)).astype(np.float32)
+    args = lambda g, u, d: (p["router"], 4, g, u, d, p["gate_fmt"], p["down_fmt"], p["gate_sh"], p["up_sh"],
+                            p["down_sh"], p["shexp_gate"])
+    want, n_want = kernels.moe_block(x, *args(p["gate"], p["up"], p["down"]))
+    offsets = []
+    with open(tmp_path / "experts.bin", "wb") as f:  # the three stacks, each at a 64 KiB boundary
+        for a in (p["gate"], p["up"], p["down"]):
+            f.seek(-(-f.tell() // 65536) * 65536)
+            offsets.append(f.tell())
+            f.write(a.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    mm = np.memmap(tmp_path / "experts.bin", mode="r")
+    parts = [mm[o : o + a.nbytes].reshape(a.shape) for o, a in zip(offsets, (p["gate"], p["up"], p["down"]))]
+    before = kernels.experts_prefetched()
+    out, n_used = kernels.moe_block(x, *args(*parts), prefetch=True)
+    cold = kernels.experts_prefetched() - before
+    assert n_used == n_want and np.array_equal(out, want)
+    assert 0 < cold <= n_used  # the file was just dropped from the page cache
+    before = kernels.experts_prefetched()
+    out, _ = kernels.moe_block(x, *args(*parts), prefetch=True)
+    assert kernels.experts_prefetched() == before, "experts read by the first call must count as in memory"
+    assert np.array_equal(out, want)
+    del mm

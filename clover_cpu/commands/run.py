@@ -61,6 +61,10 @@ def add_parser(sub) -> None:
     p.add_argument("--ctx-len", type=int, default=None, help="context length to allow (default: the model's)")
     p.add_argument("--kv-type", choices=["f16", "q8_0", "f32"], default="f16",
                    help="attention cache element type (default f16; q8_0 halves its memory at long contexts)")
+    p.add_argument("--prefetch", choices=["auto", "on", "off"], default="auto",
+                   help="routed experts whose weights are not in memory are read from the disk together, "
+                   "ahead of use (a model file larger than the RAM's page cache, or a first run): auto "
+                   "(default) checks while the disk is being read, on always, off leaves it to page faults")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout, nothing else")
     p.add_argument("--stats", action="store_true", help="print speed statistics at the end (to stderr)")
     p.add_argument("--show-steps", action="store_true", help="redraw the block as masks turn into tokens")
@@ -163,7 +167,8 @@ def main(args: argparse.Namespace) -> int:
     else:
         prompt = args.prompt
     t = time.perf_counter()
-    model = clover_cpu.load(path, threads=args.threads, ctx_len=args.ctx_len, kv_type=args.kv_type)
+    model = clover_cpu.load(path, threads=args.threads, ctx_len=args.ctx_len, kv_type=args.kv_type,
+                            prefetch=args.prefetch)
     load_s = time.perf_counter() - t
     if args.chat:
         return chat(model, opts, args)
