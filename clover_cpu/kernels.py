@@ -53,8 +53,9 @@ def moe_block(x, router, top_k, gate, up, down, gate_fmt, down_fmt, gate_sh, up_
     """A whole MoE feed-forward with its shared expert, in one call:
     moe(x; top-k of softmax(x @ router^T)) + sigmoid(x @ shexp_gate^T) * down_sh(silu(gate_sh(x)) * up_sh(x)).
     router, gate_sh, up_sh, down_sh, shexp_gate: (uint8 rows, format) pairs; gate/up/down: stacked
-    experts (gate and up share gate_fmt). prefetch: routed experts whose first page is not in memory are
-    requested from the disk together (MADV_WILLNEED) and computed last; same result.
+    experts (gate and up share gate_fmt). prefetch: routed experts not wholly in memory (the first or last
+    page of a slice is not) are requested from the disk together (MADV_WILLNEED) and computed last; same
+    result.
     Returns (out [M, H], number of distinct experts used)."""
     return _core.moe_block(x, router, int(top_k), gate, up, down, gate_fmt, down_fmt, gate_sh, up_sh, down_sh,
                            shexp_gate, isa=isa, prefetch=bool(prefetch))

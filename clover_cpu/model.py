@@ -14,6 +14,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+try:
+    import resource  # major page faults (POSIX)
+except ImportError:
+    resource = None
+
 import numpy as np
 
 from . import kernels, ops
@@ -188,12 +193,7 @@ def memory_for_files() -> int | None:
 def _disk_reads() -> tuple[int, int]:
     """(major page faults of this process, experts requested from the disk): either moving means
     weights came from the disk."""
-    try:
-        import resource
-
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-    except (ImportError, OSError):
-        faults = 0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt if resource else 0
     return faults, kernels.experts_prefetched()
 
 
@@ -213,18 +213,19 @@ class Model:
         self.kv_type, self.kv_dtype = kv_type, KV_TYPES[kv_type]
         if prefetch not in PREFETCH_MODES:
             raise ValueError(f"prefetch must be one of {', '.join(PREFETCH_MODES)}")
-        self.prefetch, self._prefetching, self._quiet = prefetch, prefetch != "off", 0
-        self._reads = _disk_reads()
+        self.prefetch = prefetch
         self.file = GGUFFile(path)
-        # auto: only when the page cache cannot hold the whole file (a model larger than the free memory).
-        # Then the routed experts' residency is checked from the start, and no longer after PREFETCH_QUIET
-        # forwards without a page read from the disk; a major page fault or an expert requested from the
-        # disk turns the checks back on (prefetch_experts in csrc/ops.cpp). A file that fits is left to
-        # page faults: their readahead windows also bring in the neighbouring experts that later tokens
-        # use, which paid off on a cold Clover-35B-shape file that fits (bench/NOTES.md change 32).
-        room = memory_for_files()
-        self._fits = room is None or self.file.path.stat().st_size <= room
         try:
+            # auto: only when the page cache cannot hold the whole file (a model larger than the free
+            # memory). Then the routed experts' residency is checked from the start, and no longer after
+            # PREFETCH_QUIET forwards without a page read from the disk; a major page fault or an expert
+            # requested from the disk turns the checks back on (prefetch_experts in csrc/ops.cpp). A file
+            # that fits is left to page faults: their readahead windows also bring in the neighbouring
+            # experts that later tokens use, which paid off on a cold Clover-35B-shape file that fits
+            # (bench/NOTES.md change 32).
+            room = memory_for_files()
+            self._auto = prefetch == "auto" and room is not None and self.file.path.stat().st_size > room
+            self._prefetching, self._quiet, self._reads = prefetch == "on" or self._auto, 0, _disk_reads()
             self.config = Config.from_gguf(self.file)
             D = self.config.head_dim
             if kv_type == "q8_0" and D % 32:
@@ -379,7 +380,7 @@ class Model:
         return out
 
     def _update_prefetch(self) -> None:
-        if self.prefetch != "auto":
+        if not self._auto:
             return
         reads = _disk_reads()
         if reads != self._reads:
@@ -415,7 +416,7 @@ class Model:
             raise ValueError(f"commit must be between 0 and {ids.size}")
         pos = np.arange(cache.n, cache.n + ids.size, dtype=np.int32)
         x = kernels.dequantize(np.ascontiguousarray(self.embed.data[ids]), self.embed.fmt)
-        prefetch = self._prefetching and (self.prefetch == "on" or not self._fits)
+        prefetch = self._prefetching
         for i, L in enumerate(self.layers):
             h = rmsnorm(x, L["attn_norm"], c.eps)
             if c.recurrent[i]:
@@ -508,6 +509,6 @@ def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_typ
     cache's element type: "f16" (default), "f32", or "q8_0" (ggml's Q8_0 blocks, 1.06 bytes per value: about
     half the memory of f16 at a long context; needs a head dim that is a multiple of 32). prefetch: routed
     experts whose weights are not in memory are read from the disk all at once, before any is computed:
-    "auto" (default: checked while the disk is being read, a few microseconds per expert), "on" (checked
-    always), "off" (left to page faults)."""
+    "auto" (default: when the file is larger than the memory free for it, checked while the disk is being
+    read), "on" (checked every forward, about 1 us per page checked), "off" (left to page faults)."""
     return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch)

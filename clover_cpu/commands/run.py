@@ -63,8 +63,8 @@ def add_parser(sub) -> None:
                    help="attention cache element type (default f16; q8_0 halves its memory at long contexts)")
     p.add_argument("--prefetch", choices=["auto", "on", "off"], default="auto",
                    help="routed experts whose weights are not in memory are read from the disk together, "
-                   "ahead of use (a model file larger than the RAM's page cache, or a first run): auto "
-                   "(default) checks while the disk is being read, on always, off leaves it to page faults")
+                   "ahead of use: auto (default) does it when the model file is larger than the free memory "
+                   "(it cannot stay in the page cache), on always, off leaves it to page faults")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout, nothing else")
     p.add_argument("--stats", action="store_true", help="print speed statistics at the end (to stderr)")
     p.add_argument("--show-steps", action="store_true", help="redraw the block as masks turn into tokens")
