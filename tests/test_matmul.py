@@ -128,6 +128,25 @@ def test_row_results_do_not_depend_on_their_group(fmt, m, rng):
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_avx2_lane_tiles_equal_avxvnni(fmt, rng):
+    # Both tables run kernel_lanes256.h's tiles for 2+ tokens, AVX2 chaining vpmaddubsw int16 sums where
+    # AVX-VNNI has vpdpbusd: the integer sums and their order of use are the same, so the results are
+    # bit-identical. Extreme weights and activations (nibbles 0/15, q6 0/63, q8_K +-127) check the chains
+    # never saturate.
+    if not {"avx2", "avxvnni"} <= set(ISAS):
+        pytest.skip("needs both the avx2 and avxvnni tables")
+    q, _ = make(rng, fmt, 37, 2048)
+    xs = [rng.standard_normal((m, 2048)).astype(np.float32) for m in (2, 7, 19)]
+    w = np.where(np.arange(2048) % 3 == 0, 1.0, -1.0)[None, :].repeat(9, 0).astype(np.float32)
+    w[::2] *= -1
+    qe = kernels.quantize(w, fmt)
+    xe = np.where(np.arange(2048) % 5 == 0, -1.0, 1.0)[None, :].repeat(4, 0).astype(np.float32)
+    xe[1] *= -1
+    for wq, x in [(q, x) for x in xs] + [(qe, xe)]:
+        np.testing.assert_array_equal(kernels.matmul(x, wq, fmt, isa="avx2"), kernels.matmul(x, wq, fmt, isa="avxvnni"))
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
 @pytest.mark.parametrize("m", [9, 19])
 def test_threads_do_not_change_results(fmt, m, rng):
     q, _ = make(rng, fmt, 203, 1024)
