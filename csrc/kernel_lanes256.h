@@ -1,4 +1,4 @@
-// The q4_K and q6_K lane-layout tiles on 256-bit registers, for two or more tokens: shared by
+// The q4_K, q5_K and q6_K lane-layout tiles on 256-bit registers, for two or more tokens: shared by
 // kernels_avxvnni.cpp (AVX-VNNI's vpdpbusd) and kernels_avx2.cpp (plain AVX2: vpmaddubsw sums, widened
 // to int32 by vpmaddwd). Each file includes this with its own target flags, so everything stays in an
 // anonymous namespace (kernel_tiles.h says why). Results equal the scalar kernels' up to float
@@ -13,9 +13,10 @@
 // chunks, a dword permute per vector and a per-lane nibble shift; the activations are reordered to
 // match once per call and thread (an 8 x 8 dword transpose per super-block).
 //
-// A Dot is: Sum, the type of a chain of products; zero(); dot(s, q, x), s plus the 4-byte dot products
-// of unsigned q and signed x in each int32 lane; widen(s), the chain as int32 lanes; start(v) and
-// end(v, s), a chain that adds to the int32 lanes v; CHAIN6, how many q6_K vectors one chain may take.
+// A Dot is: Sum, the type of a chain of products; start(v), a chain that will add to the int32 lanes v;
+// dot(s, q, x), the chain plus the 4-byte dot products of unsigned q and signed x in each int32 lane;
+// end(v, s), v with the chain added; chain(qmax), how many vectors of weights <= qmax one chain may
+// take (q8_K activations are within +-127).
 #pragma once
 
 #if !defined(__AVX2__) || !defined(__F16C__) || !defined(__FMA__)
@@ -24,7 +25,9 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "kernel_tiles.h"
 
@@ -76,8 +79,12 @@ struct alignas(32) XK4V {  // one q8_K super-block of one token, in lane order
     float d[8];            // the token's scale in every lane
 };
 
-template <class Dot>
-struct KindQ4KV : GroupedRows8 {
+// q4_K, and q5_K (FIVE: the same layout with a fifth bit per weight in qh; bit j of qh[l] belongs to
+// weight l of sub-block j, so lane L of vector c takes bit L of qh[4c .. 4c + 3]).
+template <class Dot, bool FIVE>
+struct KindQ45KV : GroupedRows8 {
+    using Block = std::conditional_t<FIVE, block_q5_K, block_q4_K>;
+    static constexpr int QMAX = FIVE ? 31 : 15;  // the largest unpacked weight
     using X = XK4V;
     static constexpr int GROUP = 6;  // tokens per tile: 2 x 6 accumulators + operands in 16 registers
     static constexpr int SLOTS = GROUP;
@@ -98,7 +105,7 @@ struct KindQ4KV : GroupedRows8 {
         __m256i q[8];
         __m256 sd, mins;
     };
-    static void unpack(const block_q4_K* w, U* u) {
+    static void unpack(const Block* w, U* u) {
         const __m256i a = _mm256_loadu_si256((const __m256i*)w->qs);
         const __m256i b = _mm256_loadu_si256((const __m256i*)(w->qs + 32));
         const __m256i c = _mm256_loadu_si256((const __m256i*)(w->qs + 64));
@@ -116,6 +123,14 @@ struct KindQ4KV : GroupedRows8 {
             u->q[k] = _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(r[k], lo_half), shift), mask);
             u->q[k + 4] = _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(r[k], hi_half), shift), mask);
         }
+        if constexpr (FIVE) {
+            const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), one = _mm256_set1_epi32(0x01010101);
+            int32_t qh[8];
+            std::memcpy(qh, w->qh, sizeof qh);
+            for (int c = 0; c < 8; c++)
+                u->q[c] = _mm256_or_si256(
+                    u->q[c], _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(qh[c]), lane), one), 4));
+        }
         const __m128i hdr = k4_header(w->scales);  // bytes 0-7 the scales, 8-15 the mins
         u->sd = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hdr)), _mm256_set1_ps(_cvtsh_ss(w->d)));
         u->mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hdr, 8))),
@@ -124,24 +139,28 @@ struct KindQ4KV : GroupedRows8 {
     // One weight row against RN tokens (token t: x[t * nb + b]) -> part[t * ROWS].
     template <int RN, Rows R>
     static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
-        const block_q4_K* w = (const block_q4_K*)row;
+        constexpr int CHAIN = std::min(8, Dot::chain(QMAX));
+        const Block* w = (const Block*)row;
         U local;
         __m256 acc[RN];
         for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, w++) {
-            const U* ub = row_block<KindQ4KV, R>(w, u + b, &local);
-            // (the eight vectors' products fit one chain of Dot's narrow sums: 16 x 15 x 127 < 2^15)
-            typename Dot::Sum s[RN];
-            for (int t = 0; t < RN; t++) s[t] = Dot::zero();
-            for (int c = 0; c < 8; c++) {
-                const __m256i q = _mm256_load_si256(&ub->q[c]);
-                for (int t = 0; t < RN; t++)
-                    s[t] = Dot::dot(s[t], q, _mm256_load_si256((const __m256i*)(x[t * nb + b].q + 32 * c)));
+            const U* ub = row_block<KindQ45KV, R>(w, u + b, &local);
+            __m256i v[RN];
+            for (int t = 0; t < RN; t++) v[t] = _mm256_setzero_si256();
+            for (int c0 = 0; c0 < 8; c0 += CHAIN) {
+                typename Dot::Sum s[RN];
+                for (int t = 0; t < RN; t++) s[t] = Dot::start(v[t]);
+                for (int c = c0; c < c0 + CHAIN; c++) {
+                    const __m256i q = _mm256_load_si256(&ub->q[c]);
+                    for (int t = 0; t < RN; t++)
+                        s[t] = Dot::dot(s[t], q, _mm256_load_si256((const __m256i*)(x[t * nb + b].q + 32 * c)));
+                }
+                for (int t = 0; t < RN; t++) v[t] = Dot::end(v[t], s[t]);
             }
             for (int t = 0; t < RN; t++) {
                 const X& xt = x[t * nb + b];
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Dot::widen(s[t])), _mm256_mul_ps(ub->sd, _mm256_load_ps(xt.d)),
-                                         acc[t]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v[t]), _mm256_mul_ps(ub->sd, _mm256_load_ps(xt.d)), acc[t]);
                 acc[t] = _mm256_fmadd_ps(ub->mins, _mm256_load_ps(xt.bm), acc[t]);
             }
         }
@@ -212,6 +231,7 @@ struct KindQ6KV : GroupedRows8 {
     }
     template <int RN, Rows R>
     static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
+        constexpr int CHAIN = std::min(4, Dot::chain(63));
         const block_q6_K* w = (const block_q6_K*)row;
         U local;
         __m256 acc[RN];
@@ -221,10 +241,10 @@ struct KindQ6KV : GroupedRows8 {
             for (int h = 0; h < 2; h++) {
                 __m256i v[RN];
                 for (int t = 0; t < RN; t++) v[t] = _mm256_load_si256((const __m256i*)(x[t * nb + b].bs32 + 8 * h));
-                for (int c0 = 0; c0 < 4; c0 += Dot::CHAIN6) {
+                for (int c0 = 0; c0 < 4; c0 += CHAIN) {
                     typename Dot::Sum s[RN];
                     for (int t = 0; t < RN; t++) s[t] = Dot::start(v[t]);
-                    for (int c = c0; c < c0 + Dot::CHAIN6; c++) {
+                    for (int c = c0; c < c0 + CHAIN; c++) {
                         const __m256i q = _mm256_load_si256(&ub->q[4 * h + c]);
                         for (int t = 0; t < RN; t++)
                             s[t] = Dot::dot(s[t], q,

@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C kernels (the only file compiled with -mavx2 -mfma -mf16c).
 // Register tiles of RM weight rows x RN tokens: each weight block is unpacked once per tile and
-// reused for RN tokens; int8 products with vpmaddubsw (u8 x s8 -> s16 pairs) and vpmaddwd. q4_K and
-// q6_K products of two or more tokens run the lane-layout tiles of kernel_lanes256.h instead.
+// reused for RN tokens; int8 products with vpmaddubsw (u8 x s8 -> s16 pairs) and vpmaddwd. k-quant
+// products of two or more tokens run the lane-layout tiles of kernel_lanes256.h instead.
 #include <immintrin.h>
 
 #include <cstring>
@@ -306,30 +306,23 @@ template <int RM, int RN>
 using TileQ6_K = TileQ6K::T<RM, RN>;
 
 // The lane-layout tiles (kernel_lanes256.h) without VNNI: vpmaddubsw adds each byte pair's products
-// into int16 (at most 2 x 63 x 127 here: q8_K activations are within +-127), the chain adds those
-// vectors in int16 and vpmaddwd by ones widens it to int32 lanes once. A chain stays below 2^15: the
-// eight q4_K vectors (16 products of at most 15 x 127 per int16) or two q6_K ones (4 of 63 x 127).
+// into int16, the chain adds those vectors in int16 and vpmaddwd by ones widens it to int32 lanes
+// once. A chain stays below 2^15: each vector adds at most 2 x qmax x 127 per int16 lane, so a chain
+// takes all eight q4_K vectors of a super-block, four of q5_K, two of q6_K.
 struct DotMaddubs {
     using Sum = __m256i;
-    static constexpr int CHAIN6 = 2;
-    static __m256i zero() { return _mm256_setzero_si256(); }
-    static __m256i dot(__m256i s, __m256i q, __m256i x) { return _mm256_add_epi16(s, _mm256_maddubs_epi16(q, x)); }
-    static __m256i widen(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
+    static constexpr int chain(int qmax) { return 32767 / (2 * 127 * qmax); }
     static __m256i start(__m256i) { return _mm256_setzero_si256(); }
-    static __m256i end(__m256i v, __m256i s) { return _mm256_add_epi32(v, widen(s)); }
+    static __m256i dot(__m256i s, __m256i q, __m256i x) { return _mm256_add_epi16(s, _mm256_maddubs_epi16(q, x)); }
+    static __m256i end(__m256i v, __m256i s) { return _mm256_add_epi32(v, _mm256_madd_epi16(s, _mm256_set1_epi16(1))); }
 };
 
-// q4_K and q6_K: one token by the register tiles above (bound by memory), two or more by the lane tiles.
-void gemm_q4k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
-              int64_t n0, int64_t n1) {
-    if (M == 1) return gemm_tiled<TileQ4_K, 1, 1>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
-    gemm_kquant_tiles<KindQ4KV<DotMaddubs>>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
-}
-
-void gemm_q6k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
-              int64_t n0, int64_t n1) {
-    if (M == 1) return gemm_tiled<TileQ6_K, 1, 1>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
-    gemm_kquant_tiles<KindQ6KV<DotMaddubs>>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+// k-quants: one token by the register tiles above (bound by memory), two or more by the lane tiles.
+template <template <int, int> class GemvTile, int RM, class Kind>
+void gemm_kquant(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
+                 int64_t n0, int64_t n1) {
+    if (M == 1) return gemm_tiled<GemvTile, RM, 1>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+    gemm_kquant_tiles<Kind>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
 }
 
 const Kernels AVX2 = {
@@ -340,9 +333,9 @@ const Kernels AVX2 = {
     gemm_tiled<TileBF16, 4, 2>,
     gemm_tiled<TileQ8_0, 1, 2>,
     gemm_tiled<TileQ4_0, 1, 2>,
-    gemm_q4k,
-    gemm_tiled<TileQ5_K, 2, 1>,
-    gemm_q6k,
+    gemm_kquant<TileQ4_K, 1, KindQ45KV<DotMaddubs, false>>,
+    gemm_kquant<TileQ5_K, 1, KindQ45KV<DotMaddubs, true>>,
+    gemm_kquant<TileQ6_K, 1, KindQ6KV<DotMaddubs>>,
 };
 
 }  // namespace

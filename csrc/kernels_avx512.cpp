@@ -1,6 +1,6 @@
-// AVX-512 (F, BW, VL) + VNNI kernels for q4_K, q6_K, q4_0 and q8_0 (with model_ops_avx512.cpp the only
-// files compiled with -mavx512*). Every other format runs the AVX2 kernels: kernels_avx512() is the
-// AVX2 table with these four entries replaced.
+// AVX-512 (F, BW, VL) + VNNI kernels for q4_K, q5_K, q6_K, q4_0 and q8_0 (with
+// model_ops_avx512.cpp the only files compiled with -mavx512*). Every other format runs the AVX2
+// kernels: kernels_avx512() is the AVX2 table with these five entries replaced.
 //
 // k-quants: one token (GEMV) runs one weight row at a time with 64 weights of two neighbouring
 // sub-blocks per register (vpmaddubsw, then vpdpwssd with the sub-block scales); two or more tokens
@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernel_tiles.h"
@@ -112,7 +113,11 @@ inline __m512 half_sums8(const __m512* a) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(c03, c47, 0x88), _mm512_shuffle_f32x4(c03, c47, 0xDD));
 }
 
-struct KindQ4K {
+// q4_K, and q5_K (FIVE): the same lanes with the fifth bit of each weight from qh (bit j of qh[l]
+// belongs to weight l of sub-block j).
+template <bool FIVE>
+struct KindQ45K {
+    using Block = std::conditional_t<FIVE, block_q5_K, block_q4_K>;
     using X = XK4P;
     static constexpr int GROUP = 12;
     static constexpr int TOKENS_PER_ENTRY = 2;
@@ -146,16 +151,27 @@ struct KindQ4K {
     }
     // A super-block's weights in lane order (vector c) and its scale vectors: sd = d * scale j in lanes
     // j and 8 + j, mins = -dmin * min j likewise.
-    static __m512i vec(__m512i lo, __m512i hi, int c) {
+    static __m512i vec(__m512i lo, __m512i hi, __m512i h, int c) {
         // dword index of lane L in vector c: 8 (L / 4) + 4 (L % 2) + c; nibble shift 4 ((L / 2) % 2)
         const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 0, 4, 8, 12, 8, 12, 16, 20, 16, 20, 24, 28, 24, 28),
                                              _mm512_set1_epi32(c));
         const __m512i shift = _mm512_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4);
-        return _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutex2var_epi32(lo, idx, hi), shift),
-                                _mm512_set1_epi32(0x0f0f0f0f));
+        const __m512i q = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutex2var_epi32(lo, idx, hi), shift),
+                                           _mm512_set1_epi32(0x0f0f0f0f));
+        if constexpr (!FIVE) {
+            (void)h;
+            return q;
+        } else {
+            // lane L's weights 16 (L % 2) + 4c .. + 3 of sub-block L / 2: bit L / 2 of qh dword 4 (L % 2) + c
+            const __m512i hidx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4),
+                                                  _mm512_set1_epi32(c));
+            const __m512i hshift = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+            const __m512i up = _mm512_slli_epi32(_mm512_srlv_epi32(_mm512_permutexvar_epi32(hidx, h), hshift), 4);
+            return _mm512_ternarylogic_epi32(q, up, _mm512_set1_epi32(0x10101010), 0xf8);  // q | (up & 0x10)
+        }
     }
     // (always inlined: called out of line, it costs ~9% of a 32-token MoE through memory round trips)
-    __attribute__((always_inline)) static void scales(const block_q4_K* w, __m512* sd, __m512* mins) {
+    __attribute__((always_inline)) static void scales(const Block* w, __m512* sd, __m512* mins) {
         const __m128i hdr = k4_header(w->scales);
         const __m128i dup8 = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
         const __m128i mdup8 = _mm_setr_epi8(8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -175,21 +191,22 @@ struct KindQ4K {
         constexpr bool PRE = R == Rows::LOAD;
         const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1)), zero = _mm512_setzero_si512();
-        const block_q4_K* w = (const block_q4_K*)row;
+        const Block* w = (const Block*)row;
         constexpr int NP = (RN + 1) / 2;
         __m512 acc[NP];
         for (int p = 0; p < NP; p++) acc[p] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++, w++) {
-            __m512i lo, hi;
+            __m512i lo, hi, h = zero;
             if constexpr (!PRE) {
-                prefetch_block(w, sizeof(block_q4_K));
+                prefetch_block(w, sizeof(Block));
                 lo = _mm512_loadu_si512((const void*)w->qs);
                 hi = _mm512_loadu_si512((const void*)(w->qs + 64));
+                if constexpr (FIVE) h = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)w->qh));
             }
             __m512i v[RN];
             for (int t = 0; t < RN; t++) v[t] = _mm512_setzero_si512();
             for (int c = 0; c < 4; c++) {
-                const __m512i q = PRE ? _mm512_load_si512((const void*)&u[b].q[c]) : vec(lo, hi, c);
+                const __m512i q = PRE ? _mm512_load_si512((const void*)&u[b].q[c]) : vec(lo, hi, h, c);
                 if constexpr (R == Rows::STORE) _mm512_store_si512((void*)&u[b].q[c], q);
                 for (int t = 0; t < RN; t++)
                     v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t / 2 * nb + b].q[t % 2] + 64 * c)));
@@ -294,20 +311,22 @@ struct KindQ6K {
     }
 };
 
-// One token (GEMV) over q4_K: the scale header decoded with two byte shuffles and a few shifts; 64
-// bytes of nibbles unpacked with two ANDs and one shift (sub-blocks 0 and 2 in the low nibbles, 1 and
-// 3 in the high ones), the activations reordered once per call and thread to match (XK4), with their
-// pairwise group sums for the mins.
+// One token (GEMV) over q4_K and q5_K: the scale header decoded with two byte shuffles and a few
+// shifts; 64 bytes of nibbles unpacked with two ANDs and one shift (sub-blocks 0 and 2 in the low
+// nibbles, 1 and 3 in the high ones; q5_K adds each byte's fifth bit from qh), the activations
+// reordered once per call and thread to match (XK4), with their pairwise group sums for the mins.
 struct alignas(64) XK4 {  // one q8_K super-block of activations, reordered for the GEMV
     int8_t q[QK_K];  // [x0..31 x64..95 | x32..63 x96..127 | x128..159 x192..223 | x160..191 x224..255]
     int16_t bs8[8];  // sum of x over sub-block j (32 values)
     float d;
 };
 
-void gemm_q4k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
-              int64_t n0, int64_t n1) {
+template <bool FIVE>
+void gemm_q45k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
+               int64_t n0, int64_t n1) {
+    using Block = std::conditional_t<FIVE, block_q5_K, block_q4_K>;
     if (M != 1) {
-        gemm_kquant_tiles<KindQ4K>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+        gemm_kquant_tiles<KindQ45K<FIVE>>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
         return;
     }
     const int64_t nb = K / QK_K;
@@ -323,12 +342,16 @@ void gemm_q4k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i i02 = halves16(0, 2), i13 = halves16(1, 3), i46 = halves16(4, 6), i57 = halves16(5, 7);
     const XK4* tb = table.data();
+    // q5_K: the fifth bits of sub-blocks j0 (low 256 bits) and j1 (high) are bit j of qh[l], l the byte's
+    // place in its half: qh in both halves shifted right by j per half, moved to bit 4 of each byte
+    const __m512i s02 = halves16(0, 2), s13 = halves16(1, 3), s46 = halves16(4, 6), s57 = halves16(5, 7);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
     for (int64_t n = n0; n < n1; n++) {
-        const block_q4_K* w = (const block_q4_K*)(W + n * wrb);
+        const Block* w = (const Block*)(W + n * wrb);
         __m512 acc = _mm512_setzero_ps();
         __m128 acc_min = _mm_setzero_ps();
         for (int64_t b = 0; b < nb; b++, w++) {
-            prefetch_block(w, sizeof(block_q4_K));
+            prefetch_block(w, sizeof(Block));
             // the header: bytes 0-7 the 6-bit scales, 8-15 the mins (decode_k4_header, by lanes)
             const __m128i sm = k4_header(w->scales);
             const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
@@ -338,17 +361,26 @@ void gemm_q4k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
             std::memcpy(&d_dmin, &w->d, 4);
             const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin)), _mm_set1_ps(tb[b].d));
             const __m512i a = _mm512_loadu_si512((const void*)w->qs), c = _mm512_loadu_si512((const void*)(w->qs + 64));
+            __m512i q0 = _mm512_and_si512(a, m4), q1 = _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
+            __m512i q2 = _mm512_and_si512(c, m4), q3 = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+            if constexpr (FIVE) {
+                const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)w->qh));
+                auto bit5 = [&](__m512i q, __m512i j) {  // q | (bit 4 of each byte of (qh >> j) << 4)
+                    return _mm512_ternarylogic_epi32(q, _mm512_slli_epi16(_mm512_srlv_epi16(h, j), 4), b4, 0xf8);
+                };
+                q0 = bit5(q0, s02);
+                q1 = bit5(q1, s13);
+                q2 = bit5(q2, s46);
+                q3 = bit5(q3, s57);
+            }
             const int8_t* xq = tb[b].q;
-            __m512i sum = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                              _mm512_maddubs_epi16(_mm512_and_si512(a, m4), _mm512_loadu_si512(xq)),
+            __m512i sum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(q0, _mm512_loadu_si512(xq)),
                                               _mm512_permutexvar_epi16(i02, sc));
-            sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4),
-                                                                _mm512_loadu_si512(xq + 64)),
+            sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(q1, _mm512_loadu_si512(xq + 64)),
                                       _mm512_permutexvar_epi16(i13, sc));
-            sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(_mm512_and_si512(c, m4), _mm512_loadu_si512(xq + 128)),
+            sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(q2, _mm512_loadu_si512(xq + 128)),
                                       _mm512_permutexvar_epi16(i46, sc));
-            sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(c, 4), m4),
-                                                                _mm512_loadu_si512(xq + 192)),
+            sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(q3, _mm512_loadu_si512(xq + 192)),
                                       _mm512_permutexvar_epi16(i57, sc));
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_broadcastss_ps(dd), acc);
             const __m128i zp = _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i*)tb[b].bs8));
@@ -581,7 +613,8 @@ Kernels make_table() {
     k.isa = "avx512";  // (family stays "avx2": the model operators and the rest of the table are AVX2's)
     // One token: one weight row per tile (on this project's AMD EPYC VM a single-row tile streamed
     // Q6_K weights at 34-35 GB/s against 14-19 with 2 or 4 rows); two or more: the lane-layout tiles.
-    k.gemm_q4_K = gemm_q4k;
+    k.gemm_q4_K = gemm_q45k<false>;
+    k.gemm_q5_K = gemm_q45k<true>;
     k.gemm_q6_K = gemm_q6k;
     // Q4_0 (more unpacking per byte) gains from two rows already at 4 tokens (1.7x the AVX2 tile
     // against 1.3x with one row, same run); Q8_0 at 4 tokens streams 25 GB/s with one row, 15 with two.

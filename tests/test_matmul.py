@@ -113,7 +113,7 @@ def test_q8_0_minus_128(rng):
         check_close(kernels.matmul(x, q, "q8_0", isa=isa), x.astype(np.float64) @ wd.T, 1e-5, f"q8_0 {isa} -128")
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k"])
 @pytest.mark.parametrize("m", [9, 19])
 def test_row_results_do_not_depend_on_their_group(fmt, m, rng):
     # The lane-layout tiles reduce rows eight at a time; a row's result must not depend on its place in
@@ -127,11 +127,11 @@ def test_row_results_do_not_depend_on_their_group(fmt, m, rng):
             np.testing.assert_array_equal(kernels.matmul(x, q[s:], fmt, isa=isa), whole[:, s:], f"{isa} from row {s}")
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k"])
 def test_avx2_lane_tiles_equal_avxvnni(fmt, rng):
     # Both tables run kernel_lanes256.h's tiles for 2+ tokens, AVX2 chaining vpmaddubsw int16 sums where
     # AVX-VNNI has vpdpbusd: the integer sums and their order of use are the same, so the results are
-    # bit-identical. Extreme weights and activations (nibbles 0/15, q6 0/63, q8_K +-127) check the chains
+    # bit-identical. Extreme weights and activations (q4 0/15, q5 0/31, q6 0/63, q8_K +-127) check the chains
     # never saturate.
     if not {"avx2", "avxvnni"} <= set(ISAS):
         pytest.skip("needs both the avx2 and avxvnni tables")
@@ -146,7 +146,7 @@ def test_avx2_lane_tiles_equal_avxvnni(fmt, rng):
         np.testing.assert_array_equal(kernels.matmul(x, wq, fmt, isa="avx2"), kernels.matmul(x, wq, fmt, isa="avxvnni"))
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k"])
 @pytest.mark.parametrize("m", [9, 19])
 def test_threads_do_not_change_results(fmt, m, rng):
     q, _ = make(rng, fmt, 203, 1024)
@@ -168,7 +168,7 @@ def test_large_m_and_n(rng):
     check_close(kernels.matmul(x, q, "q4_0"), x.astype(np.float64) @ wd.T, 3e-2, "q4_0 M=512")
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k"])
 def test_kquant_tiles_span_row_chunks_and_token_groups(fmt, rng):
     # K = 16384: a weight row is 9-13 KB, so within one thread's task (130 rows over 4 tasks) the
     # lane-layout tiles walk the rows in several L2-sized chunks; 19 tokens are several token groups (q6_K

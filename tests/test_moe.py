@@ -39,7 +39,7 @@ def reference(x, ids, w, gd, ud, dd):
     return out
 
 
-@pytest.mark.parametrize("fmt,down_fmt", [("q4_k", "q6_k"), ("q4_0", "q8_0"), ("q8_0", "q4_k"), ("f16", "f32")])
+@pytest.mark.parametrize("fmt,down_fmt", [("q4_k", "q6_k"), ("q5_k", "q5_k"), ("q4_0", "q8_0"), ("q8_0", "q4_k"), ("f16", "f32")])
 @pytest.mark.parametrize("m", [1, 5, 32])
 def test_moe_vs_reference(fmt, down_fmt, m, rng):
     E, H, I, K = 16, 256, 256, 4
