@@ -343,8 +343,8 @@ void gemm_q45k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64
     const __m512i i02 = halves16(0, 2), i13 = halves16(1, 3), i46 = halves16(4, 6), i57 = halves16(5, 7);
     const XK4* tb = table.data();
     // q5_K: the fifth bits of sub-blocks j0 (low 256 bits) and j1 (high) are bit j of qh[l], l the byte's
-    // place in its half: qh in both halves shifted right by j per half, moved to bit 4 of each byte
-    const __m512i s02 = halves16(0, 2), s13 = halves16(1, 3), s46 = halves16(4, 6), s57 = halves16(5, 7);
+    // place in its half: qh in both halves shifted right by j per half (the scale indices above are
+    // those pairs j0, j1) and moved to bit 4 of each byte
     const __m512i b4 = _mm512_set1_epi8(0x10);
     for (int64_t n = n0; n < n1; n++) {
         const Block* w = (const Block*)(W + n * wrb);
@@ -368,10 +368,10 @@ void gemm_q45k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64
                 auto bit5 = [&](__m512i q, __m512i j) {  // q | (bit 4 of each byte of (qh >> j) << 4)
                     return _mm512_ternarylogic_epi32(q, _mm512_slli_epi16(_mm512_srlv_epi16(h, j), 4), b4, 0xf8);
                 };
-                q0 = bit5(q0, s02);
-                q1 = bit5(q1, s13);
-                q2 = bit5(q2, s46);
-                q3 = bit5(q3, s57);
+                q0 = bit5(q0, i02);
+                q1 = bit5(q1, i13);
+                q2 = bit5(q2, i46);
+                q3 = bit5(q3, i57);
             }
             const int8_t* xq = tb[b].q;
             __m512i sum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(q0, _mm512_loadu_si512(xq)),
