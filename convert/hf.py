@@ -27,8 +27,9 @@ from .errors import ConvertError
 from .safetensors_lazy import LazyTensor, close_files, open_checkpoint
 from .tokenizer import SPM_MODEL_KEY, Vocab, read_tokenizer
 
-OUT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m")
-FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15, "bf16": 32}  # llama.cpp LlamaFileType
+OUT_TYPES = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18,
+             "bf16": 32}  # llama.cpp LlamaFileType
 GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14, "bf16": 30}
 BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
 CHUNK_VALUES = 1 << 24  # float32 values per work chunk (64 MB): bounds the converter's memory
@@ -214,10 +215,12 @@ class Planner:
 # ---- the quantization recipe ----
 
 F32_KINDS = {"norm", "router", "conv", "ssm"}
+K_MIX = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}  # the mixed recipes and their base format
 
 
 def use_more_bits(layer: int, n_layer: int) -> bool:
-    """llama.cpp's Q4_K_M choice of layers that keep 6 bits: the first and last eighth, every third between."""
+    """llama.cpp's Q4_K_M / Q5_K_M choice of layers that keep 6 bits: the first and last eighth, every third
+    between."""
     return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
 
@@ -225,14 +228,14 @@ def tensor_type(plan: TensorPlan, out_type: str, n_layer: int) -> str:
     """The block format of one tensor, with a fallback when its rows are not a whole number of blocks."""
     if plan.kind in F32_KINDS or len(plan.shape) == 1:
         return "f32"
-    if out_type != "q4_k_m":
+    if out_type not in K_MIX:
         want = out_type
     elif plan.kind == "output":
         want = "q6_k"
     elif plan.kind in ("attn_v", "ffn_down_exps", "ffn_down_shexp") and use_more_bits(plan.layer, n_layer):
         want = "q6_k"
     else:
-        want = "q4_k"
+        want = K_MIX[out_type]
     for t in (want, "q8_0", "f16"):
         if plan.row_len % BLOCK[t] == 0:
             return t
@@ -243,6 +246,7 @@ RECIPE_TEXT = {
     "q4_k_m": "q4_k_m: experts, projections and embeddings Q4_K; LM head Q6_K; attn_v, ffn_down_exps and "
     "ffn_down_shexp Q6_K in the first and last eighth of the layers and every third layer between; "
     "norms, routers, shared-expert gates, ssm_a, ssm_dt and conv weights F32",
+    "q5_k_m": "q5_k_m: as q4_k_m with Q5_K in place of Q4_K",
 }
 
 
@@ -465,7 +469,7 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
     log(f"model: {c.model_type} -> {c.arch}, {c.n_layer} layers, hidden {c.n_embd}, {c.n_expert} experts "
         f"(top {c.n_expert_used}), vocab {c.vocab_size}")
     log("recipe: " + RECIPE_TEXT.get(out_type, f"{out_type} for 2-D weights; norms, routers, ssm_a, ssm_dt, conv F32"))
-    fallbacks = sorted({p.name for p in plans if types[p.name] not in (out_type, "f32", "q4_k", "q6_k")})
+    fallbacks = sorted({p.name for p in plans if types[p.name] not in (out_type, "f32", K_MIX.get(out_type), "q6_k")})
     if fallbacks:
         log(f"note: {len(fallbacks)} tensors have rows that are not whole {out_type} blocks and use "
             f"{', '.join(sorted({types[n] for n in fallbacks}))} instead (e.g. {fallbacks[0]})")

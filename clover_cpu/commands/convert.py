@@ -21,7 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("src", metavar="SRC_DIR", help="checkpoint folder")
     p.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="the GGUF file to write")
     p.add_argument("--type", default="q4_k_m", choices=OUT_TYPES,
-                   help="weight format (default: q4_k_m, llama.cpp's 4-bit recipe; norms and small tensors stay f32)")
+                   help="weight format, largest first (default: q4_k_m, llama.cpp's 4-bit recipe; q5_k_m its 5-bit "
+                   "one; norms and small tensors stay f32)")
     p.add_argument("--threads", type=int, default=0, help="quantization threads (default: one per physical core)")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
