@@ -138,7 +138,8 @@ using TileQ8_0 = TileQ8A<UnpackQ8_0>::T<RM, RN>;
 template <int RM, int RN>
 using TileQ4_0 = TileQ8A<UnpackQ4_0>::T<RM, RN>;
 
-// ---- k-quants against block_q8_K activations ----
+// ---- k-quants against block_q8_K activations: the one-token products (gemm_kquant below uses these
+// tiles at one row by one token; two or more tokens run kernel_lanes256.h's) ----
 // Per super-block and tile: int32 sums of scale * (q . x) per (row, token), then one float
 // multiply-add by d * x.d; the zero-point (mins, or q6_K's offset 32) goes through the q8_K
 // group sums: madd(mins per 16-group, bsums) scaled by dmin * x.d.
@@ -317,12 +318,14 @@ struct DotMaddubs {
     static __m256i end(__m256i v, __m256i s) { return _mm256_add_epi32(v, _mm256_madd_epi16(s, _mm256_set1_epi16(1))); }
 };
 
-// k-quants: one token by the register tiles above (bound by memory), two or more by the lane tiles.
-template <template <int, int> class GemvTile, int RM, class Kind>
+// k-quants: one token by the register tiles above, one weight row per tile (bound by memory; more rows
+// stream worse here, bench/NOTES.md change 9), two or more tokens by the lane tiles.
+template <template <int, int> class Tile, class Kind>
 void gemm_kquant(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
                  int64_t n0, int64_t n1) {
-    if (M == 1) return gemm_tiled<GemvTile, RM, 1>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
-    gemm_kquant_tiles<Kind>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+    if (M != 1) return gemm_kquant_tiles<Kind>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+    const Args a{W, wrb, X, xrb, K, Y, ldy};
+    for (int64_t n = n0; n < n1; n++) Tile<1, 1>::run(a, n, 0);
 }
 
 const Kernels AVX2 = {
@@ -333,9 +336,9 @@ const Kernels AVX2 = {
     gemm_tiled<TileBF16, 4, 2>,
     gemm_tiled<TileQ8_0, 1, 2>,
     gemm_tiled<TileQ4_0, 1, 2>,
-    gemm_kquant<TileQ4_K, 1, KindQ45KV<DotMaddubs, false>>,
-    gemm_kquant<TileQ5_K, 1, KindQ45KV<DotMaddubs, true>>,
-    gemm_kquant<TileQ6_K, 1, KindQ6KV<DotMaddubs>>,
+    gemm_kquant<TileQ4_K, KindQ45KV<DotMaddubs, false>>,
+    gemm_kquant<TileQ5_K, KindQ45KV<DotMaddubs, true>>,
+    gemm_kquant<TileQ6_K, KindQ6KV<DotMaddubs>>,
 };
 
 }  // namespace
