@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "formats.h"
@@ -128,13 +129,28 @@ void tile_tokens(int rn, const uint8_t* w, typename Kind::U* u, const typename K
 // horizontal sum and one store cost as much as a super-block's products where K is 512 (the experts'
 // down projections). Each row's sums reduce the same way whatever its place in a group, so results do
 // not depend on how rows are split into tasks and chunks.
+// What a kind's super-block is: QK_K weights against one block_q8_K (the k-quants), unless the kind
+// names its own activation block XB and super-block size SB (in weights; K must be a multiple).
+template <class Kind, class = void>
+struct SuperBlock {
+    using XB = block_q8_K;
+    static constexpr int64_t VALUES = QK_K, XBLOCKS = 1;
+};
+template <class Kind>
+struct SuperBlock<Kind, std::void_t<typename Kind::XB>> {
+    using XB = typename Kind::XB;
+    static constexpr int64_t VALUES = Kind::SB, XBLOCKS = Kind::SB / Kind::XB_VALUES;
+};
+
 template <class Kind>
 void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y,
                        int64_t ldy, int64_t n0, int64_t n1) {
     using XT = typename Kind::X;
+    using SBK = SuperBlock<Kind>;
+    using XB = typename SBK::XB;
     constexpr int TPE = Kind::TOKENS_PER_ENTRY, ROWS = Kind::ROWS;
     static_assert(Kind::GROUP % TPE == 0 && 8 % TPE == 0, "token groups start on an entry");
-    const int64_t nb = K / QK_K;
+    const int64_t nb = K / SBK::VALUES;
     // (per-thread buffers, their addresses taken once: a thread_local named in the loops below costs a
     // __tls_get_addr call per row in this shared library, ~1% of a 32-token forward)
     thread_local std::vector<XT> xt_buf;
@@ -142,8 +158,9 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
     XT* const xt = xt_buf.data();
     for (int t = 0; t < M; t += TPE)
         for (int64_t b = 0; b < nb; b++) {
-            const block_q8_K* src[TPE];
-            for (int i = 0; i < TPE; i++) src[i] = t + i < M ? (const block_q8_K*)(X + (t + i) * xrb) + b : nullptr;
+            const XB* src[TPE];
+            for (int i = 0; i < TPE; i++)
+                src[i] = t + i < M ? (const XB*)(X + (t + i) * xrb) + b * SBK::XBLOCKS : nullptr;
             Kind::reorder(src, &xt[t / TPE * nb + b]);
         }
     const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);

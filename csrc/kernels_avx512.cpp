@@ -311,6 +311,96 @@ struct KindQ6K {
     }
 };
 
+// ---- Q8_0 and Q4_0, two or more tokens: the lane layout over super-blocks of 8 blocks (256 weights).
+// With the 8 blocks' values in a row, lane L of vector c takes values 4L + 4c .. + 3 of the 256
+// (lane_order), so each lane sums 16 products of block L / 2 and the two scales apply once per
+// super-block in float, instead of once per block pair and token (the register tiles below). The
+// weights go unsigned (Q8_0: q xor 0x80; Q4_0: the nibbles) and each lane sum starts at -bias x the
+// sum of its 16 activations. Rows unpacked once for several token groups as in the k-quant tiles. ----
+struct alignas(64) X8L {  // 8 block_q8_a of one token, in lane order
+    int8_t q[QK_K];
+    int32_t start[16];  // lane L: -bias * (sum of the 16 activations lane L multiplies)
+    float d[16];        // lane L: the scale of block L / 2
+};
+
+template <typename Unpack>
+struct KindQ8L {
+    using XB = block_q8_a;
+    static constexpr int64_t SB = QK_K, XB_VALUES = QK;
+    static constexpr int BLOCKS = QK_K / QK;
+    using X = X8L;
+    static constexpr int GROUP = 8;
+    static constexpr int TOKENS_PER_ENTRY = 1;
+    using Part = __m512;  // a row's partial sums for one token (16 lanes)
+    static constexpr int ROWS = 8, SLOTS = GROUP;
+    static void finish(const Part* part, int rn, int rows, float* Y, int64_t ldy) {
+        KindQ6K::finish(part, rn, rows, Y, ldy);
+    }
+    static void reorder(const block_q8_a* const* x, X* out) {
+        alignas(64) int8_t v[QK_K];
+        for (int j = 0; j < BLOCKS; j++) std::memcpy(v + QK * j, x[0][j].qs, QK);
+        lane_order(v, out->q);
+        for (int L = 0; L < 16; L++) {
+            int sum = 0;
+            for (int i = 0; i < 16; i++) sum += v[16 * L + i];
+            out->start[L] = -Unpack::BIAS * sum;
+            out->d[L] = x[0][L / 2].d;
+        }
+    }
+    struct alignas(64) U {
+        __m512i q[4];
+        __m512 dw;  // lane L: the scale of block L / 2
+    };
+    static void unpack(const uint8_t* w, U* u) {  // w: the super-block's 8 blocks
+        alignas(64) int8_t v[QK_K];
+        alignas(32) float d[8];
+        for (int j = 0; j < BLOCKS; j++) {
+            if constexpr (Unpack::BIAS == 128) {
+                const block_q8_0* b = (const block_q8_0*)w + j;
+                _mm256_store_si256((__m256i*)(v + QK * j),
+                                   _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)b->qs), _mm256_set1_epi8((char)0x80)));
+                d[j] = half(b->d);
+            } else {  // weights 0-15 in the low nibbles, 16-31 in the high ones
+                const block_q4_0* b = (const block_q4_0*)w + j;
+                const __m128i q = _mm_loadu_si128((const __m128i*)b->qs), m4 = _mm_set1_epi8(0x0f);
+                _mm_store_si128((__m128i*)(v + QK * j), _mm_and_si128(q, m4));
+                _mm_store_si128((__m128i*)(v + QK * j + 16), _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+                d[j] = half(b->d);
+            }
+        }
+        lane_order(v, (int8_t*)u->q);
+        const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        u->dw = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_load_ps(d)));
+    }
+    template <int RN, Rows R>
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
+        constexpr int64_t SBB = BLOCKS * Unpack::BYTES;
+        U local;
+        __m512 acc[RN];
+        for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const U* ub = u + b;
+            if constexpr (R != Rows::LOAD) {
+                prefetch_block(row + b * SBB, SBB);
+                U* dst = R == Rows::STORE ? u + b : &local;
+                unpack(row + b * SBB, dst);
+                ub = dst;
+            }
+            __m512i v[RN];
+            for (int t = 0; t < RN; t++) v[t] = _mm512_load_si512((const void*)x[t * nb + b].start);
+            for (int c = 0; c < 4; c++) {
+                const __m512i q = _mm512_load_si512((const void*)&ub->q[c]);
+                for (int t = 0; t < RN; t++)
+                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t * nb + b].q + 64 * c)));
+            }
+            for (int t = 0; t < RN; t++)
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[t]), _mm512_mul_ps(ub->dw, _mm512_load_ps(x[t * nb + b].d)),
+                                         acc[t]);
+        }
+        for (int t = 0; t < RN; t++) part[t * ROWS] = acc[t];
+    }
+};
+
 // One token (GEMV) over q4_K and q5_K: the scale header decoded with two byte shuffles and a few
 // shifts; 64 bytes of nibbles unpacked with two ANDs and one shift (sub-blocks 0 and 2 in the low
 // nibbles, 1 and 3 in the high ones; q5_K adds each byte's fifth bit from qh), the activations
@@ -572,7 +662,12 @@ template <typename U, int RM_GEMM_FROM>
 void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
               int64_t n0, int64_t n1) {
     if (M != 1) {
-        gemm_tiled<TileQ8A<U>::template T, 1, 2, RM_GEMM_FROM>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+        // (the lane tiles from two token groups on: with one group each row's unpacking serves too few
+        // tokens, and the register tiles were faster up to 8 tokens)
+        if (K % QK_K == 0 && M > KindQ8L<U>::GROUP)
+            gemm_kquant_tiles<KindQ8L<U>>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+        else
+            gemm_tiled<TileQ8A<U>::template T, 1, 2, RM_GEMM_FROM>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
         return;
     }
     const int64_t nb = K / QK, np = (nb + 1) / 2;

@@ -102,18 +102,19 @@ def test_extreme_quants_no_overflow(rng):
             check_close(kernels.matmul(x, q, fmt, isa=isa), want, 1e-5, f"{fmt} {isa} extremes")
 
 
-def test_q8_0_minus_128(rng):
+@pytest.mark.parametrize("k,m", [(64, 3), (512, 9)])  # (512, 9: AVX-512's lane tiles)
+def test_q8_0_minus_128(rng, k, m):
     """A file may hold -128 in a Q8_0 block (the quantizer never writes it); the kernels must agree."""
-    k = 64
     q = kernels.quantize(rng.standard_normal((2, k)).astype(np.float32), "q8_0")
     q[:, 2:34] = np.frombuffer(np.full(32, -128, np.int8).tobytes(), np.uint8)
     wd = kernels.dequantize(q, "q8_0").astype(np.float64)
-    x = np.full((3, k), 127.0, np.float32)
+    x = np.full((m, k), 127.0, np.float32)
+    x[1::2] = -127.0
     for isa in ISAS:
         check_close(kernels.matmul(x, q, "q8_0", isa=isa), x.astype(np.float64) @ wd.T, 1e-5, f"q8_0 {isa} -128")
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0"])
 @pytest.mark.parametrize("m", [9, 19])
 def test_row_results_do_not_depend_on_their_group(fmt, m, rng):
     # The lane-layout tiles reduce rows eight at a time; a row's result must not depend on its place in
@@ -146,7 +147,7 @@ def test_avx2_lane_tiles_equal_avxvnni(fmt, rng):
         np.testing.assert_array_equal(kernels.matmul(x, wq, fmt, isa="avx2"), kernels.matmul(x, wq, fmt, isa="avxvnni"))
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0"])
 @pytest.mark.parametrize("m", [9, 19])
 def test_threads_do_not_change_results(fmt, m, rng):
     q, _ = make(rng, fmt, 203, 1024)
@@ -168,11 +169,11 @@ def test_large_m_and_n(rng):
     check_close(kernels.matmul(x, q, "q4_0"), x.astype(np.float64) @ wd.T, 3e-2, "q4_0 M=512")
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0"])
 def test_kquant_tiles_span_row_chunks_and_token_groups(fmt, rng):
     # K = 16384: a weight row is 9-13 KB, so within one thread's task (130 rows over 4 tasks) the
     # lane-layout tiles walk the rows in several L2-sized chunks; 19 tokens are several token groups (q6_K
-    # on AVX-512: 8 + 8 + 3; q4_K: 12 + 7; on AVX-VNNI 6 + 6 + 6 + 1 and 4 x 4 + 3).
+    # on AVX-512: 8 + 8 + 3, as q8_0 and q4_0; q4_K: 12 + 7; on AVX-VNNI 6 + 6 + 6 + 1 and 4 x 4 + 3).
     if not SIMD_ISAS:
         pytest.skip("no SIMD path on this machine")
     q, _ = make(rng, fmt, 130, 16384)
