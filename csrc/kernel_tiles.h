@@ -104,7 +104,8 @@ inline __m128i k4_header(const uint8_t* s12) {
 }
 #endif
 
-// ---- k-quant lane-layout tiles, two or more tokens (kernels_avx512.cpp, kernel_lanes256.h) ----
+// ---- lane-layout tiles, two or more tokens: the k-quants (kernels_avx512.cpp, kernel_lanes256.h), and
+// Q8_0 / Q4_0 over super-blocks of 8 blocks (kernels_avx512.cpp) ----
 
 // How a tile gets a weight row: unpacked from the file's blocks (RAW), from a row unpacked earlier
 // (LOAD), or from the blocks while storing the unpacked form for the next token groups (STORE).

@@ -5,7 +5,7 @@
 // k-quants: one token (GEMV) runs one weight row at a time with 64 weights of two neighbouring
 // sub-blocks per register (vpmaddubsw, then vpdpwssd with the sub-block scales); two or more tokens
 // run the lane-layout tiles below (vpdpbusd, scales once per super-block). Q4_0 and Q8_0: vpdpbusd on
-// biased unsigned weights. Results equal the AVX2 and scalar kernels' up to float summation order
+// biased unsigned weights, in register tiles up to 8 tokens and in the lane layout from 9. Results equal the AVX2 and scalar kernels' up to float summation order
 // (integer block sums are exact).
 #include <immintrin.h>
 
