@@ -5,8 +5,9 @@
 // k-quants: one token (GEMV) runs one weight row at a time with 64 weights of two neighbouring
 // sub-blocks per register (vpmaddubsw, then vpdpwssd with the sub-block scales); two or more tokens
 // run the lane-layout tiles below (vpdpbusd, scales once per super-block). Q4_0 and Q8_0: vpdpbusd on
-// biased unsigned weights, in register tiles up to 8 tokens and in the lane layout from 9. Results equal the AVX2 and scalar kernels' up to float summation order
-// (integer block sums are exact).
+// biased unsigned weights, one token in a loop over a table of the activations, more in the lane layout
+// (K a multiple of 256; register tiles otherwise). Results equal the AVX2 and scalar kernels' up to
+// float summation order (integer block sums are exact).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -77,16 +78,19 @@ struct alignas(64) XK6L {
 
 // 256 activation bytes into the lane order of both kinds: dst[64c + 4L + i] = src[16L + 4c + i] (two
 // dword permutes and a blend per vector).
-inline void lane_order(const int8_t* src, int8_t* dst) {
+// (x0 .. x3: the 256 bytes in registers)
+inline void lane_order(__m512i x0, __m512i x1, __m512i x2, __m512i x3, int8_t* dst) {
     __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
-    const __m512i x0 = _mm512_loadu_si512((const void*)src), x1 = _mm512_loadu_si512((const void*)(src + 64));
-    const __m512i x2 = _mm512_loadu_si512((const void*)(src + 128)), x3 = _mm512_loadu_si512((const void*)(src + 192));
     for (int c = 0; c < 4; c++) {
         const __m512i v = _mm512_mask_blend_epi32(0xff00, _mm512_permutex2var_epi32(x0, idx, x1),
                                                   _mm512_permutex2var_epi32(x2, idx, x3));
         _mm512_store_si512((void*)(dst + 64 * c), v);
         idx = _mm512_add_epi32(idx, _mm512_set1_epi32(1));
     }
+}
+inline void lane_order(const int8_t* src, int8_t* dst) {
+    lane_order(_mm512_loadu_si512((const void*)src), _mm512_loadu_si512((const void*)(src + 64)),
+               _mm512_loadu_si512((const void*)(src + 128)), _mm512_loadu_si512((const void*)(src + 192)), dst);
 }
 
 // Row partials reduced eight rows at a time (the lane-layout tiles' finish): a[0..7] are eight rows'
@@ -351,26 +355,29 @@ struct KindQ8L {
         __m512i q[4];
         __m512 dw;  // lane L: the scale of block L / 2
     };
-    static void unpack(const uint8_t* w, U* u) {  // w: the super-block's 8 blocks
-        alignas(64) int8_t v[QK_K];
-        alignas(32) float d[8];
-        for (int j = 0; j < BLOCKS; j++) {
-            if constexpr (Unpack::BIAS == 128) {
-                const block_q8_0* b = (const block_q8_0*)w + j;
-                _mm256_store_si256((__m256i*)(v + QK * j),
-                                   _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)b->qs), _mm256_set1_epi8((char)0x80)));
-                d[j] = half(b->d);
-            } else {  // weights 0-15 in the low nibbles, 16-31 in the high ones
-                const block_q4_0* b = (const block_q4_0*)w + j;
-                const __m128i q = _mm_loadu_si128((const __m128i*)b->qs), m4 = _mm_set1_epi8(0x0f);
-                _mm_store_si128((__m128i*)(v + QK * j), _mm_and_si128(q, m4));
-                _mm_store_si128((__m128i*)(v + QK * j + 16), _mm_and_si128(_mm_srli_epi16(q, 4), m4));
-                d[j] = half(b->d);
-            }
+    // Blocks 2i and 2i + 1 as 64 unsigned bytes (built in registers: a round trip through memory stalls
+    // the 64-byte loads on the narrower stores).
+    static __m512i two_blocks(const uint8_t* w, int i) {
+        if constexpr (Unpack::BIAS == 128) {
+            const block_q8_0* b = (const block_q8_0*)w + 2 * i;
+            const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)b[0].qs)),
+                                                 _mm256_loadu_si256((const __m256i*)b[1].qs), 1);
+            return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+        } else {  // a block's weights 0-15 in the low nibbles, 16-31 in the high ones
+            const block_q4_0* b = (const block_q4_0*)w + 2 * i;
+            const __m512i v = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)b[0].qs))),
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)b[1].qs)), 1);
+            const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+            return _mm512_and_si512(_mm512_srlv_epi64(v, shift), _mm512_set1_epi8(0x0f));
         }
-        lane_order(v, (int8_t*)u->q);
+    }
+    static void unpack(const uint8_t* w, U* u) {  // w: the super-block's 8 blocks
+        lane_order(two_blocks(w, 0), two_blocks(w, 1), two_blocks(w, 2), two_blocks(w, 3), (int8_t*)u->q);
+        auto d = [&](int j) { return (short)((const uint16_t*)(w + j * Unpack::BYTES))[0]; };  // (the block's fp16 scale)
+        const __m256 d8 = _mm256_cvtph_ps(_mm_setr_epi16(d(0), d(1), d(2), d(3), d(4), d(5), d(6), d(7)));
         const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-        u->dw = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_load_ps(d)));
+        u->dw = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(d8));
     }
     template <int RN, Rows R>
     static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
@@ -662,9 +669,7 @@ template <typename U, int RM_GEMM_FROM>
 void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
               int64_t n0, int64_t n1) {
     if (M != 1) {
-        // (the lane tiles from two token groups on: with one group each row's unpacking serves too few
-        // tokens, and the register tiles were faster up to 8 tokens)
-        if (K % QK_K == 0 && M > KindQ8L<U>::GROUP)
+        if (K % QK_K == 0)
             gemm_kquant_tiles<KindQ8L<U>>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
         else
             gemm_tiled<TileQ8A<U>::template T, 1, 2, RM_GEMM_FROM>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
