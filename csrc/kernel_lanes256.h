@@ -63,9 +63,10 @@ inline void finish_rows8(const __m256* a, int rows, float* y) {
     }
 }
 
-// Rows of the tiles below finish in groups of eight (kernel_tiles.h): a row's result per token is one
-// 8-float vector of partial sums.
+// Rows of the tiles below finish in groups of eight (kernel_tiles.h): a row's result per token (one
+// token per activation entry) is one 8-float vector of partial sums.
 struct GroupedRows8 {
+    static constexpr int TOKENS_PER_ENTRY = 1;
     using Part = __m256;
     static constexpr int ROWS = 8;
     static void finish(const Part* part, int rn, int rows, float* Y, int64_t ldy) {
@@ -86,9 +87,7 @@ struct KindQ45KV : GroupedRows8 {
     using Block = std::conditional_t<FIVE, block_q5_K, block_q4_K>;
     static constexpr int QMAX = FIVE ? 31 : 15;  // the largest unpacked weight
     using X = XK4V;
-    static constexpr int GROUP = 6;  // tokens per tile: 2 x 6 accumulators + operands in 16 registers
-    static constexpr int SLOTS = GROUP;
-    static constexpr int TOKENS_PER_ENTRY = 1;
+    static constexpr int GROUP = 6, SLOTS = GROUP;  // tokens per tile: 2 x 6 accumulators + operands in 16 registers
     static void reorder(const block_q8_K* const* x, X* out) {
         const block_q8_K* b = x[0];
         int32_t src[64], dst[64];
@@ -184,9 +183,7 @@ struct alignas(32) XK6V {  // one q8_K super-block of one token, in lane order
 template <class Dot>
 struct KindQ6KV : GroupedRows8 {
     using X = XK6V;
-    static constexpr int GROUP = 4;  // tokens per tile: 3 x 4 accumulators + operands in 16 registers
-    static constexpr int SLOTS = GROUP;
-    static constexpr int TOKENS_PER_ENTRY = 1;
+    static constexpr int GROUP = 4, SLOTS = GROUP;  // tokens per tile: 3 x 4 accumulators + operands in 16 registers
     static void reorder(const block_q8_K* const* x, X* out) {
         const block_q8_K* b = x[0];
         int32_t src[64], dst[64];  // src dword 4s + c: x[16s + 4c .. + 3] of sub-block s

@@ -241,12 +241,12 @@ struct KindQ45K {
     }
 };
 
-struct KindQ6K {
-    using X = XK6L;
-    static constexpr int GROUP = 8;
+// Tiles whose row result per token is one 16-lane vector of partial sums (q6_K, Q8_0, Q4_0): eight rows
+// finish together (kernel_tiles.h).
+struct TokenRows16 {
     static constexpr int TOKENS_PER_ENTRY = 1;
-    using Part = __m512;  // a row's partial sums for one token (16 lanes)
-    static constexpr int ROWS = 8, SLOTS = GROUP;
+    using Part = __m512;
+    static constexpr int ROWS = 8;
     static void finish(const Part* part, int rn, int rows, float* Y, int64_t ldy) {
         const __mmask8 k = (__mmask8)((1u << rows) - 1);
         for (int t = 0; t < rn; t++) {
@@ -256,6 +256,11 @@ struct KindQ6K {
             _mm256_mask_storeu_ps(Y + t * ldy, k, y);
         }
     }
+};
+
+struct KindQ6K : TokenRows16 {
+    using X = XK6L;
+    static constexpr int GROUP = 8, SLOTS = GROUP;
     static void reorder(const block_q8_K* const* x, X* out) {
         lane_order(x[0]->qs, out->q);
         for (int L = 0; L < 16; L++) out->bs32[L] = -32 * x[0]->bsums[L];
@@ -328,18 +333,12 @@ struct alignas(64) X8L {  // 8 block_q8_a of one token, in lane order
 };
 
 template <typename Unpack>
-struct KindQ8L {
+struct KindQ8L : TokenRows16 {
     using XB = block_q8_a;
     static constexpr int64_t SB = QK_K, XB_VALUES = QK;
     static constexpr int BLOCKS = QK_K / QK;
     using X = X8L;
-    static constexpr int GROUP = 8;
-    static constexpr int TOKENS_PER_ENTRY = 1;
-    using Part = __m512;  // a row's partial sums for one token (16 lanes)
-    static constexpr int ROWS = 8, SLOTS = GROUP;
-    static void finish(const Part* part, int rn, int rows, float* Y, int64_t ldy) {
-        KindQ6K::finish(part, rn, rows, Y, ldy);
-    }
+    static constexpr int GROUP = 8, SLOTS = GROUP;
     static void reorder(const block_q8_a* const* x, X* out) {
         alignas(64) int8_t v[QK_K];
         for (int j = 0; j < BLOCKS; j++) std::memcpy(v + QK * j, x[0][j].qs, QK);
@@ -374,7 +373,8 @@ struct KindQ8L {
     }
     static void unpack(const uint8_t* w, U* u) {  // w: the super-block's 8 blocks
         lane_order(two_blocks(w, 0), two_blocks(w, 1), two_blocks(w, 2), two_blocks(w, 3), (int8_t*)u->q);
-        auto d = [&](int j) { return (short)((const uint16_t*)(w + j * Unpack::BYTES))[0]; };  // (the block's fp16 scale)
+        // (a block starts with its fp16 scale)
+        auto d = [&](int j) { return (short)((const uint16_t*)(w + j * Unpack::BYTES))[0]; };
         const __m256 d8 = _mm256_cvtph_ps(_mm_setr_epi16(d(0), d(1), d(2), d(3), d(4), d(5), d(6), d(7)));
         const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
         u->dw = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(d8));
