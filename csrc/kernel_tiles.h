@@ -15,6 +15,13 @@
 
 #include "formats.h"
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
+#if defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -143,6 +150,34 @@ struct SuperBlock<Kind, std::void_t<typename Kind::XB>> {
     static constexpr int64_t VALUES = Kind::SB, XBLOCKS = Kind::SB / Kind::XB_VALUES;
 };
 
+// Tokens per group: Kind::GROUP, fewer where the group's activations would take more than 3/4 of the
+// L1 data cache (the weights stream through it too). In cache, 32 tokens on Zen 4 (32 KB L1d), groups of
+// 12 / 8 / 4 tokens: q4_K K=512 240 / 233 / 192 GFLOP/s, K=2048 187 / 213 / 179, K=4096 146 / 144 / 198;
+// q6_K (8 / 6 / 4) K=2048 219 / 212 / 192, K=4096 124 / 138 / 186. The rule gives those best sizes
+// there (q4_K 12 / 8 / 4, q6_K 8 / 4); with Zen 5's 48 KB it keeps the 12 tokens its K=2048 products
+// were tuned with (bench/NOTES.md change 36).
+inline int64_t l1d_bytes() {
+    static const int64_t n = [] {
+        long v = 0;
+#if defined(_SC_LEVEL1_DCACHE_SIZE)
+        v = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#elif defined(__APPLE__)
+        int64_t b = 0;
+        size_t len = sizeof(b);
+        if (sysctlbyname("hw.l1dcachesize", &b, &len, nullptr, 0) == 0) v = (long)b;
+#endif
+        return v >= (8 << 10) && v <= (1 << 20) ? (int64_t)v : (int64_t)(32 << 10);
+    }();
+    return n;
+}
+template <class Kind>
+int group_tokens(int64_t K) {
+    constexpr int TPE = Kind::TOKENS_PER_ENTRY;
+    const int64_t per_entry = (int64_t)sizeof(typename Kind::X) * (K / SuperBlock<Kind>::VALUES);
+    const int64_t fit = l1d_bytes() * 3 / 4 / per_entry * TPE;
+    return (int)std::max<int64_t>(TPE, std::min<int64_t>(Kind::GROUP, fit));
+}
+
 template <class Kind>
 void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y,
                        int64_t ldy, int64_t n0, int64_t n1) {
@@ -167,16 +202,17 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
     const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
     // Several token groups: the first unpacks each row of a chunk while it computes (the weight stream
     // overlaps the products) and stores it; the others load it.
-    const bool pre = M > Kind::GROUP;
+    const int G = group_tokens<Kind>(K);
+    const bool pre = M > G;
     thread_local std::vector<typename Kind::U> ut_buf;
     if (pre) ut_buf.resize((size_t)std::min(chunk, n1 - n0) * nb);
     typename Kind::U* const ut = pre ? ut_buf.data() : nullptr;
     typename Kind::Part part[Kind::SLOTS * ROWS];
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
         const int64_t c1 = std::min(n1, c0 + chunk);
-        for (int m = 0; m < M; m += Kind::GROUP) {
+        for (int m = 0; m < M; m += G) {
             const XT* x = xt + m / TPE * nb;
-            const int rn = std::min(Kind::GROUP, M - m);
+            const int rn = std::min(G, M - m);
             for (int64_t n = c0; n < c1; n += ROWS) {
                 const int rows = (int)std::min<int64_t>(ROWS, c1 - n);
                 for (int r = 0; r < rows; r++) {

@@ -172,8 +172,9 @@ def test_large_m_and_n(rng):
 @pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0"])
 def test_kquant_tiles_span_row_chunks_and_token_groups(fmt, rng):
     # K = 16384: a weight row is 9-13 KB, so within one thread's task (130 rows over 4 tasks) the
-    # lane-layout tiles walk the rows in several L2-sized chunks; 19 tokens are several token groups (q6_K
-    # on AVX-512: 8 + 8 + 3, as q8_0 and q4_0; q4_K: 12 + 7; on AVX-VNNI 6 + 6 + 6 + 1 and 4 x 4 + 3).
+    # lane-layout tiles walk the rows in several L2-sized chunks; 19 tokens are many token groups (with
+    # this K, group_tokens cuts the groups to one activation entry, one or two tokens, so that they do
+    # not overflow L1; test_simd_equals_scalar covers the full groups).
     if not SIMD_ISAS:
         pytest.skip("no SIMD path on this machine")
     q, _ = make(rng, fmt, 130, 16384)
