@@ -2,9 +2,8 @@
 // model_ops_avx512.cpp the only files compiled with -mavx512*). Every other format runs the AVX2
 // kernels: kernels_avx512() is the AVX2 table with these five entries replaced.
 //
-// k-quants: one token (GEMV) runs one weight row at a time with 64 weights of two neighbouring
-// sub-blocks per register (q4_K/q5_K: vpdpbusd, the sums packed to int16 and vpmaddwd with the
-// sub-block scales; q6_K: vpmaddubsw, then vpdpwssd with the scales); two or more tokens
+// k-quants: one token (GEMV) runs one weight row at a time, 64 weights per register through
+// vpdpbusd, two registers' sums packed to int16 and vpmaddwd with the sub-block scales; two or more tokens
 // run the lane-layout tiles below (vpdpbusd, scales once per super-block). Q4_0 and Q8_0: vpdpbusd on
 // biased unsigned weights, one token in a loop over a table of the activations, more in the lane layout
 // (K a multiple of 256; register tiles otherwise). Results equal the AVX2 and scalar kernels' up to
@@ -201,11 +200,14 @@ struct KindQ45K {
         }
     }
     // A row unpacked once for several token groups (what the tile computes per super-block, stored).
-    struct alignas(64) U {
+    struct alignas(64) U5 {
         __m512i q[4];
         __m512 sd, mins;
-        float d;  // (q4_K)
     };
+    struct alignas(64) U4 : U5 {
+        float d;
+    };
+    using U = std::conditional_t<FIVE, U5, U4>;
     // One weight row against RN tokens (token t: x[t / 2 * nb + b].q[t % 2]) -> part[p * ROWS], the
     // partial sums of tokens 2p and 2p + 1.
     template <int RN, Rows R>
@@ -243,7 +245,10 @@ struct KindQ45K {
             __m512 sd, dd, mins;
             if constexpr (PRE) {
                 sd = _mm512_load_ps((const float*)&u[b].sd);
-                dd = FIVE ? sd : _mm512_set1_ps(u[b].d);
+                if constexpr (FIVE)
+                    dd = sd;
+                else
+                    dd = _mm512_set1_ps(u[b].d);
                 mins = _mm512_load_ps((const float*)&u[b].mins);
             } else {
                 scales(w, &sd, &dd, &mins);
