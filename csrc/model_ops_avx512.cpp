@@ -23,24 +23,27 @@ struct TokenScalars {
     float decay, kq;
 };
 
-// Columns [j0, j0 + 16 NV) of S for every token (gdn_columns in model_ops_simd.inc, 16 wide).
+// Columns [j0, j0 + 16 NV) of S for every token (gdn_columns in model_ops_simd.inc, 16 wide): token
+// t's update of S and token t + 1's two reads of it (S k, S q) in one pass, one load and one store per
+// element and token (two passes took two loads and a store: T=32, 32 heads, Zen 4, 0.82-1.03 -> 0.69
+// ms). The same operations in the same order per element as two passes, so the same results.
 template <int NV>
 void gdn_columns16(const GdnHeadArgs& a, int64_t j0, const TokenScalars* ts) {
     const int64_t dk = a.dk, dv = a.dv;
     float* S = a.S + j0;
-    for (int64_t t = 0; t < a.T; t++) {
-        const float* q = a.q + t * a.q_stride;
-        const float* k = a.k + t * a.k_stride;
-        __m512 sk[NV], sq[NV];
-        for (int u = 0; u < NV; u++) sk[u] = sq[u] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < dk; i++) {
-            const __m512 ki = _mm512_set1_ps(k[i]), qi = _mm512_set1_ps(q[i]);
+    __m512 sk[NV], sq[NV];
+    for (int u = 0; u < NV; u++) sk[u] = sq[u] = _mm512_setzero_ps();
+    if (a.T > 0)
+        for (int64_t i = 0; i < dk; i++) {  // token 0's reads
+            const __m512 ki = _mm512_set1_ps(a.k[i]), qi = _mm512_set1_ps(a.q[i]);
             for (int u = 0; u < NV; u++) {
                 const __m512 s = _mm512_loadu_ps(S + i * dv + 16 * u);
                 sk[u] = _mm512_fmadd_ps(s, ki, sk[u]);
                 sq[u] = _mm512_fmadd_ps(s, qi, sq[u]);
             }
         }
+    for (int64_t t = 0; t < a.T; t++) {
+        const float* k = a.k + t * a.k_stride;
         const __m512 vd = _mm512_set1_ps(ts[t].decay), vb = _mm512_set1_ps(a.beta[t * a.gb_stride]);
         const __m512 vkq = _mm512_set1_ps(ts[t].kq);
         const float* v = a.v + t * a.v_stride + j0;
@@ -50,11 +53,27 @@ void gdn_columns16(const GdnHeadArgs& a, int64_t j0, const TokenScalars* ts) {
             vn[u] = _mm512_mul_ps(vb, _mm512_fnmadd_ps(vd, sk[u], _mm512_loadu_ps(v + 16 * u)));
             _mm512_storeu_ps(o + 16 * u, _mm512_fmadd_ps(vd, sq[u], _mm512_mul_ps(vn[u], vkq)));
         }
+        if (t + 1 == a.T) {  // the last token: the update alone
+            for (int64_t i = 0; i < dk; i++) {
+                const __m512 ki = _mm512_set1_ps(k[i]);
+                for (int u = 0; u < NV; u++) {
+                    float* p = S + i * dv + 16 * u;
+                    _mm512_storeu_ps(p, _mm512_fmadd_ps(ki, vn[u], _mm512_mul_ps(vd, _mm512_loadu_ps(p))));
+                }
+            }
+            break;
+        }
+        const float* k1 = a.k + (t + 1) * a.k_stride;
+        const float* q1 = a.q + (t + 1) * a.q_stride;
+        for (int u = 0; u < NV; u++) sk[u] = sq[u] = _mm512_setzero_ps();
         for (int64_t i = 0; i < dk; i++) {
-            const __m512 ki = _mm512_set1_ps(k[i]);
+            const __m512 ki = _mm512_set1_ps(k[i]), k1i = _mm512_set1_ps(k1[i]), q1i = _mm512_set1_ps(q1[i]);
             for (int u = 0; u < NV; u++) {
                 float* p = S + i * dv + 16 * u;
-                _mm512_storeu_ps(p, _mm512_fmadd_ps(ki, vn[u], _mm512_mul_ps(vd, _mm512_loadu_ps(p))));
+                const __m512 s = _mm512_fmadd_ps(ki, vn[u], _mm512_mul_ps(vd, _mm512_loadu_ps(p)));
+                _mm512_storeu_ps(p, s);
+                sk[u] = _mm512_fmadd_ps(s, k1i, sk[u]);
+                sq[u] = _mm512_fmadd_ps(s, q1i, sq[u]);
             }
         }
     }
