@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -70,15 +71,30 @@ void quantize_act_rows(Type t, const float* X, int64_t m0, int64_t m1, int64_t K
     }
 }
 
-// A per-thread buffer of at least n elements that keeps its memory (and contents) between calls, one
-// per call site (TAG): a fresh std::vector<float>(n) writes n zeros first, 3 MB per 32-token MoE call
-// of the twin (~3% of its time on one thread).
+// n uninitialized elements for one call: a fresh std::vector<float>(n) writes n zeros first (3 MB per
+// 32-token MoE call of the twin, 1.6% of its time on one thread). Up to KEEP bytes they come from a
+// per-thread buffer of the call site (TAG) that keeps its memory between calls; larger requests (long
+// prefill chunks) are allocated for the call alone, so no large buffer outlives them.
 template <class T, int TAG>
-T* scratch(size_t n) {
-    thread_local std::vector<T> v;
-    if (v.size() < n) v.resize(n);
-    return v.data();
-}
+class Scratch {
+  public:
+    explicit Scratch(size_t n) {
+        constexpr size_t KEEP = 8 << 20;
+        thread_local std::vector<T> kept;
+        if (n * sizeof(T) <= KEEP) {
+            if (kept.size() < n) kept.resize(n);
+            p_ = kept.data();
+        } else {
+            own_.reset(new T[n]);
+            p_ = own_.get();
+        }
+    }
+    T* get() const { return p_; }
+
+  private:
+    T* p_;
+    std::unique_ptr<T[]> own_;
+};
 
 std::atomic<int64_t> g_experts_prefetched{0};
 
@@ -212,10 +228,14 @@ int moe_block(const Kernels& kr, const float* X, int64_t M, const WeightView& ro
               const WeightView& up_sh, const WeightView& down_sh, const WeightView& shexp_gate, float* out,
               bool prefetch) {
     const int64_t E = router.rows, I = gate_sh.rows, H = down_sh.rows;
-    float* const logits = scratch<float, 0>(M * E);
-    float* const g = scratch<float, 1>(M * I);
-    float* const u = scratch<float, 2>(M * I);
-    float* const sg = scratch<float, 3>(M);
+    const Scratch<float, 0> logits_buf(M * E);
+    float* const logits = logits_buf.get();
+    const Scratch<float, 1> g_buf(M * I);
+    float* const g = g_buf.get();
+    const Scratch<float, 2> u_buf(M * I);
+    float* const u = u_buf.get();
+    const Scratch<float, 3> sg_buf(M);
+    float* const sg = sg_buf.get();
     const WeightView first[4] = {router, gate_sh, up_sh, shexp_gate};
     float* const ys[4] = {logits, g, u, sg};
     matmul_many(kr, first, 4, X, M, ys);
@@ -225,7 +245,8 @@ int moe_block(const Kernels& kr, const float* X, int64_t M, const WeightView& ro
     const int n_used = moe(kr, X, M, ids.data(), w.data(), top_k, gate, up, down, out, prefetch);
     const ModelKernels& mk = model_kernels_of(kr);
     swiglu(mk, g, u, M * I, g);
-    float* const shared = scratch<float, 4>(M * H);
+    const Scratch<float, 4> shared_buf(M * H);
+    float* const shared = shared_buf.get();
     matmul(kr, down_sh, g, M, shared);
     for (int64_t t = 0; t < M; t++) {
         const float s = 1.f / (1.f + std::exp(-sg[t]));
@@ -266,8 +287,10 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
 
     // Activations quantized once, then gathered in expert order.
     const size_t xrb = act_row_bytes(gate.w.type, H);
-    uint8_t* const xq = scratch<uint8_t, 10>(xrb * M);
-    uint8_t* const xg = scratch<uint8_t, 11>(xrb * n_slots);
+    const Scratch<uint8_t, 10> xq_buf(xrb * M);
+    uint8_t* const xq = xq_buf.get();
+    const Scratch<uint8_t, 11> xg_buf(xrb * n_slots);
+    uint8_t* const xg = xg_buf.get();
     quantize_acts(gate.w.type, X, M, H, xq);
     for (int64_t p = 0; p < n_slots; p++) std::memcpy(&xg[p * xrb], &xq[pos_token[p] * xrb], xrb);
 
@@ -282,15 +305,19 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     // 256-row tasks the twin's MoE ran 7-8% faster at 8 and 32 tokens, 9% at one); then one task runs
     // an expert's both phases, without a barrier between them. Fewer experts: row chunks, two phases.
     const ModelKernels& mk = model_kernels_of(kr);
-    float* const g = scratch<float, 12>((size_t)n_slots * I);
-    float* const u = scratch<float, 13>((size_t)n_slots * I);
+    const Scratch<float, 12> g_buf((size_t)n_slots * I);
+    float* const g = g_buf.get();
+    const Scratch<float, 13> u_buf((size_t)n_slots * I);
+    float* const u = u_buf.get();
     const gemm_fn gate_fn = kr.gemm(gate.w.type), up_fn = kr.gemm(up.w.type), down_fn = kr.gemm(down.w.type);
     const int64_t chunk1 = n_threads ? rows_per_task(I, n_threads, n_used, 2, I) : I;
     const int64_t chunk2 = n_threads ? rows_per_task(H, n_threads, n_used, 2, H) : H;
     const int64_t per1 = (I + chunk1 - 1) / chunk1, per2 = (H + chunk2 - 1) / chunk2;
     const size_t hrb = act_row_bytes(down.w.type, I);
-    uint8_t* const hq = scratch<uint8_t, 14>(hrb * n_slots);
-    float* const d = scratch<float, 15>((size_t)n_slots * H);
+    const Scratch<uint8_t, 14> hq_buf(hrb * n_slots);
+    uint8_t* const hq = hq_buf.get();
+    const Scratch<float, 15> d_buf((size_t)n_slots * H);
+    float* const d = d_buf.get();
     auto run = [&](int64_t n, const std::function<void(int64_t, int)>& fn) {
         if (n_threads) {
             pl->run(n, fn);

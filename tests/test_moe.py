@@ -75,6 +75,24 @@ def test_moe_equals_per_expert_matmuls(rng):
     check_close(out, want, 1e-4, "moe vs per-expert matmul")
 
 
+def test_moe_buffers_past_the_kept_size(rng):
+    """A call whose per-expert outputs exceed the per-thread scratch (8 MB) allocates its own; calls
+    before and after it reuse the kept buffers and their stale contents never leak into a result."""
+    E, H, I, K = 4, 2048, 256, 4
+    g, gd = make_experts(rng, "q4_k", E, I, H)
+    u, ud = make_experts(rng, "q4_k", E, I, H)
+    d, dd = make_experts(rng, "q4_k", E, H, I)
+    xs = rng.standard_normal((5, H)).astype(np.float32)
+    ids_s, w_s = route(rng, 5, E, K)
+    small, _ = kernels.moe(xs, ids_s, w_s, g, u, d, "q4_k")
+    x = rng.standard_normal((300, H)).astype(np.float32)  # 1200 slots x 2048 floats: 9.8 MB
+    ids, w = route(rng, 300, E, K)
+    out, _ = kernels.moe(x, ids, w, g, u, d, "q4_k")
+    check_close(out, reference(x.astype(np.float64), ids, w, gd, ud, dd), 5e-2, "moe 300 tokens")
+    again, _ = kernels.moe(xs, ids_s, w_s, g, u, d, "q4_k")
+    np.testing.assert_array_equal(again, small)
+
+
 def test_moe_repeated_expert_and_skew(rng):
     """All tokens on one expert, and an expert listed twice for a token, are handled."""
     E, H, I = 4, 256, 256
