@@ -173,7 +173,7 @@ inline int64_t l1d_bytes() {
 template <class Kind>
 int group_tokens(int64_t K) {
     constexpr int TPE = Kind::TOKENS_PER_ENTRY;
-    const int64_t per_entry = (int64_t)sizeof(typename Kind::X) * (K / SuperBlock<Kind>::VALUES);
+    const int64_t per_entry = (int64_t)sizeof(typename Kind::X) * std::max<int64_t>(1, K / SuperBlock<Kind>::VALUES);
     const int64_t fit = l1d_bytes() * 3 / 4 / per_entry * TPE;
     return (int)std::max<int64_t>(TPE, std::min<int64_t>(Kind::GROUP, fit));
 }

@@ -7,7 +7,7 @@
 // run the lane-layout tiles below (vpdpbusd, scales once per super-block). Q4_0 and Q8_0: vpdpbusd on
 // biased unsigned weights, one token in a loop over a table of the activations, more in the lane layout
 // (K a multiple of 256; register tiles otherwise). Results equal the AVX2 and scalar kernels' up to
-// float summation order (integer block sums are exact).
+// float rounding order (integer block sums are exact).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -153,8 +153,7 @@ struct KindQ45K {
             }
         }
     }
-    // A super-block's weights in lane order (vector c) and its scale vectors: sd = d * scale j in lanes
-    // j and 8 + j, mins = -dmin * min j likewise.
+    // A super-block's weights in lane order (vector c); its scale vectors: scales() below.
     static __m512i vec(__m512i lo, __m512i hi, __m512i h, int c) {
         // dword index of lane L in vector c: 8 (L / 4) + 4 (L % 2) + c; nibble shift 4 ((L / 2) % 2)
         const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 0, 4, 8, 12, 8, 12, 16, 20, 16, 20, 24, 28, 24, 28),

@@ -82,7 +82,10 @@ class Scratch {
         constexpr size_t KEEP = 8 << 20;
         thread_local std::vector<T> kept;
         if (n * sizeof(T) <= KEEP) {
-            if (kept.size() < n) kept.resize(n);
+            if (kept.size() < n) {  // (grown empty: nothing stale copied)
+                kept.clear();
+                kept.resize(n);
+            }
             p_ = kept.data();
         } else {
             own_.reset(new T[n]);
