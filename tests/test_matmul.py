@@ -170,41 +170,24 @@ def test_large_m_and_n(rng):
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0"])
-def test_kquant_tiles_span_row_chunks_and_token_groups(fmt, rng):
-    # K = 16384: a weight row is 9-13 KB, so within one thread's task (130 rows over 4 tasks) the
-    # lane-layout tiles walk the rows in several L2-sized chunks; 19 tokens are many token groups (with
-    # this K, group_tokens cuts the groups to one activation entry, one or two tokens, on any L1d below
-    # ~50 KB; the next test has full groups over several chunks).
+@pytest.mark.parametrize("rows,k,m", [(130, 16384, 19), (1500, 1024, 30)])
+def test_kquant_tiles_span_row_chunks_and_token_groups(fmt, rows, k, m, rng):
+    # One thread's task spans several L2-sized weight chunks (192 KB), so the first token group stores
+    # each chunk's rows unpacked and the others load them, chunk by chunk.
+    # - K = 16384: a row is 9-13 KB (130 rows over 4 tasks); group_tokens cuts the 19 tokens into
+    #   groups of one activation entry, one or two tokens, on any L1d below ~50 KB.
+    # - K = 1024: whole groups (12 or 8 tokens on an L1d of 32 KB or more); 1500 rows are tasks of
+    #   384 rows, more than a chunk of 180-341.
     if not SIMD_ISAS:
         pytest.skip("no SIMD path on this machine")
-    q, _ = make(rng, fmt, 130, 16384)
-    x = rng.standard_normal((19, 16384)).astype(np.float32)
+    q, _ = make(rng, fmt, rows, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
     ref = kernels.matmul(x, q, fmt, isa="ref")
     before = clover_cpu.system_info()["threads"]
     try:
         clover_cpu.set_num_threads(1)
         for isa in SIMD_ISAS:
-            check_close(kernels.matmul(x, q, fmt, isa=isa), ref, TOL_VS_REF, f"{fmt} {isa} 130x16384 M=19")
-    finally:
-        clover_cpu.set_num_threads(before)
-
-
-@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0"])
-def test_kquant_tiles_full_groups_over_row_chunks(fmt, rng):
-    # K = 1024 leaves the token groups whole (group_tokens: 12 or 8 tokens on an L1d of 32 KB or more);
-    # 1500 rows on one thread are tasks of 384 rows, more than one L2-sized chunk (192 KB: 180-341
-    # rows), so the first group stores each chunk's rows unpacked and the others load them, chunk by
-    # chunk.
-    if not SIMD_ISAS:
-        pytest.skip("no SIMD path on this machine")
-    q, _ = make(rng, fmt, 1500, 1024)
-    x = rng.standard_normal((30, 1024)).astype(np.float32)
-    ref = kernels.matmul(x, q, fmt, isa="ref")
-    before = clover_cpu.system_info()["threads"]
-    try:
-        clover_cpu.set_num_threads(1)
-        for isa in SIMD_ISAS:
-            check_close(kernels.matmul(x, q, fmt, isa=isa), ref, TOL_VS_REF, f"{fmt} {isa} 1500x1024 M=30")
+            check_close(kernels.matmul(x, q, fmt, isa=isa), ref, TOL_VS_REF, f"{fmt} {isa} {rows}x{k} M={m}")
     finally:
         clover_cpu.set_num_threads(before)
 
