@@ -188,9 +188,9 @@ struct KindQ45K {
             *mins = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(hdr, mdup8))),
                                   _mm512_set1_ps(-half(w->dmin)));
         } else {
-            const __m256i sc = _mm256_shuffle_epi8(
-                _mm256_broadcastsi128_si256(hdr), _mm256_setr_epi8(0, 0, 1, 1, 0, 0, 1, 1, 2, 2, 3, 3, 2, 2, 3, 3, 4, 4, 5, 5,
-                                                                   4, 4, 5, 5, 6, 6, 7, 7, 6, 6, 7, 7));
+            const __m256i words = _mm256_setr_epi8(0, 0, 1, 1, 0, 0, 1, 1, 2, 2, 3, 3, 2, 2, 3, 3, 4, 4, 5, 5, 4, 4, 5, 5, 6,
+                                                   6, 7, 7, 6, 6, 7, 7);
+            const __m256i sc = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(hdr), words);
             *sd = _mm512_castsi512_ps(_mm512_cvtepu8_epi16(sc));
             *d = _mm512_set1_ps(half(w->d));
             const __m128i mq = _mm_setr_epi8(8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
@@ -485,9 +485,9 @@ void gemm_q45k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64
     const __m512i b4 = _mm512_set1_epi8(0x10);
     // the scales per int16 word after the pack of sub-blocks (0 | 2, 1 | 3): per 128-bit lane, four
     // words of the first vector's sub-block, four of the second's (+4: the pack of (4 | 6, 5 | 7))
-    const __m256i sidx = _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 3,
-                                          3, 3, 3);
-    const __m256i four = _mm256_set1_epi8(4);
+    const __m256i sidx01 = _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2,
+                                            2, 2, 3, 3, 3, 3);
+    const __m256i sidx45 = _mm256_add_epi8(sidx01, _mm256_set1_epi8(4));
     for (int64_t n = n0; n < n1; n++) {
         const Block* w = (const Block*)(W + n * wrb);
         __m512 acc = _mm512_setzero_ps();
@@ -517,8 +517,8 @@ void gemm_q45k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64
             const int8_t* xq = tb[b].q;
             // (four products per int32 lane, at most 4 x 31 x 127: the packs to int16 are exact)
             const __m256i s2 = _mm256_broadcastsi128_si256(sm);
-            const __m512i sc01 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(s2, sidx));
-            const __m512i sc45 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(s2, _mm256_add_epi8(sidx, four)));
+            const __m512i sc01 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(s2, sidx01));
+            const __m512i sc45 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(s2, sidx45));
             const __m512i z = _mm512_setzero_si512();
             const __m512i p01 = _mm512_packs_epi32(_mm512_dpbusd_epi32(z, q0, _mm512_loadu_si512(xq)),
                                                    _mm512_dpbusd_epi32(z, q1, _mm512_loadu_si512(xq + 64)));
@@ -549,9 +549,9 @@ void gemm_q45k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64
 void gemv_q6k(const uint8_t* W, size_t wrb, const uint8_t* X, int64_t K, float* Y, int64_t n0, int64_t n1) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(3);
     const __m512i shift_lo = halves16(0, 2), shift_hi = halves16(4, 6);  // qh bits of j, j + 1
-    const __m256i sidx = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3,
-                                          3, 7, 7, 7, 7);
-    const __m256i eight = _mm256_set1_epi8(8);
+    const __m256i sidx0 = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3,
+                                           3, 3, 7, 7, 7, 7);
+    const __m256i sidx[2] = {sidx0, _mm256_add_epi8(sidx0, _mm256_set1_epi8(8))};  // half h: scales 8h ..
     const int64_t nb = K / QK_K;
     const block_q8_K* x = (const block_q8_K*)X;
     for (int64_t n = n0; n < n1; n++) {
@@ -565,14 +565,15 @@ void gemv_q6k(const uint8_t* W, size_t wrb, const uint8_t* X, int64_t K, float* 
             for (int h = 0; h < 2; h++) {
                 const __m512i l = _mm512_loadu_si512((const void*)(w->ql + 64 * h));
                 const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(w->qh + 32 * h)));
-                const __m512i q0 = _mm512_or_si512(
-                    _mm512_and_si512(l, m4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m2), 4));
-                const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m2), 4));
+                const __m512i hi0 = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m2);
+                const __m512i hi1 = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m2);
+                const __m512i q0 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(hi0, 4));
+                const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_slli_epi16(hi1, 4));
+                const int8_t* xq = x[b].qs + 128 * h;
                 const __m512i z = _mm512_setzero_si512();
-                const __m512i p = _mm512_packs_epi32(_mm512_dpbusd_epi32(z, q0, _mm512_loadu_si512((const void*)(x[b].qs + 128 * h))),
-                                                     _mm512_dpbusd_epi32(z, q1, _mm512_loadu_si512((const void*)(x[b].qs + 128 * h + 64))));
-                const __m512i s = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc2, h ? _mm256_add_epi8(sidx, eight) : sidx));
+                const __m512i p = _mm512_packs_epi32(_mm512_dpbusd_epi32(z, q0, _mm512_loadu_si512((const void*)xq)),
+                                                     _mm512_dpbusd_epi32(z, q1, _mm512_loadu_si512((const void*)(xq + 64))));
+                const __m512i s = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc2, sidx[h]));
                 sum = _mm512_add_epi32(sum, _mm512_madd_epi16(p, s));
             }
             const float d = half(w->d) * x[b].d;

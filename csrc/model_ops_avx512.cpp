@@ -26,7 +26,8 @@ struct TokenScalars {
 // Columns [j0, j0 + 16 NV) of S for every token (gdn_columns in model_ops_simd.inc, 16 wide): token
 // t's update of S and token t + 1's two reads of it (S k, S q) in one pass, one load and one store per
 // element and token (two passes took two loads and a store: T=32, 32 heads, Zen 4, best of 30,
-// 0.99-1.15 -> 0.72-0.73 ms). The same operations in the same order per element as two passes, so the same results.
+// 0.99-1.15 -> 0.72-0.73 ms). The same operations in the same order per element as two passes, so
+// the same results.
 template <int NV>
 void gdn_columns16(const GdnHeadArgs& a, int64_t j0, const TokenScalars* ts) {
     const int64_t dk = a.dk, dv = a.dv;
