@@ -202,7 +202,10 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
     const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
     // Several token groups: the first unpacks each row of a chunk while it computes (the weight stream
     // overlaps the products) and stores it; the others load it.
-    const int G = group_tokens<Kind>(K);
+    // One group, past the L1 size, where the split would leave a second group of at most half a group:
+    // its pass stores every row unpacked for a few tokens (bench/NOTES.md change 40).
+    const int G1 = group_tokens<Kind>(K);
+    const int G = M <= Kind::GROUP && 2 * M <= 3 * G1 ? Kind::GROUP : G1;
     const bool pre = M > G;
     thread_local std::vector<typename Kind::U> ut_buf;
     if (pre) ut_buf.resize((size_t)std::min(chunk, n1 - n0) * nb);

@@ -192,6 +192,21 @@ def test_kquant_tiles_span_row_chunks_and_token_groups(fmt, rows, k, m, rng):
         clover_cpu.set_num_threads(before)
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0"])
+@pytest.mark.parametrize("k,m", [(4096, 5), (4096, 6), (2048, 11)])
+def test_kquant_tiles_one_group_past_the_l1_size(fmt, k, m, rng):
+    # Up to 1.5x the L1-sized token group (on a 32-48 KB L1d: 4-6 tokens at K = 4096, 8-12 at 2048 for
+    # the k-quants), the tokens run as one group of up to Kind::GROUP, with no rows stored unpacked.
+    if not SIMD_ISAS:
+        pytest.skip("no SIMD path on this machine")
+    q, wd = make(rng, fmt, 45, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    ref = kernels.matmul(x, q, fmt, isa="ref")
+    check_close(ref, x.astype(np.float64) @ wd.T, TOL_FLOAT64[fmt], f"{fmt} ref {k} M={m}")
+    for isa in SIMD_ISAS:
+        check_close(kernels.matmul(x, q, fmt, isa=isa), ref, TOL_VS_REF, f"{fmt} {isa} K={k} M={m}")
+
+
 def test_empty_inputs(rng):
     q, _ = make(rng, "q4_k", 4, 256)
     assert kernels.matmul(np.zeros((0, 256), np.float32), q, "q4_k").shape == (0, 4)
