@@ -5,6 +5,9 @@
 
 The llama.cpp side imports nothing from clover_cpu (it may run under another interpreter, where
 llama-cpp-python is installed). Prints one JSON object on stdout: tokens/s per test, peak RSS, load time.
+With --serve it loads the model, prints {"ready": ..., "load_seconds": ...}, then runs one test per
+line of JSON read from stdin ({"test": "pp32"}), printing {"test": ..., "tokens_per_second": ...} for
+each, and at the end of its input the final object (`clover-cpu bench --interleave`).
 
 ppN: N tokens forwarded into a fresh context (the median of --reps runs); tg: greedy autoregressive
 generation of --tg-tokens tokens after a 16-token prompt, one token per forward.
@@ -130,11 +133,23 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tg-tokens", type=int, default=32)
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--serve", action="store_true", help="run the tests named on stdin, one per line")
     a = ap.parse_args(argv)
     t = time.perf_counter()
     engine = (CloverEngine if a.engine == "clover" else LlamaEngine)(a.model, a.threads, a.ctx)
     load_s = time.perf_counter() - t
-    res = measure(engine, a.tests.split(","), a.reps, a.tg_tokens)
+    if a.serve:
+        res = {}
+        print(json.dumps({"ready": a.engine, "load_seconds": load_s}), flush=True)
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            test = json.loads(line)["test"]
+            tps = measure(engine, [test], a.reps, a.tg_tokens)[test]
+            res.setdefault(test, []).append(tps)
+            print(json.dumps({"test": test, "tokens_per_second": tps}), flush=True)
+    else:
+        res = measure(engine, a.tests.split(","), a.reps, a.tg_tokens)
     print(json.dumps({"engine": a.engine, "load_seconds": load_s, "tokens_per_second": res,
                       "peak_rss_gb": peak_rss_gb(), **engine.info()}))
     return 0

@@ -41,6 +41,35 @@ def test_bench_rounds_keep_the_median(tmp_path):
     assert len(json.loads(out.read_text())["tg_roofline"]["read_bandwidth_gbps"]) == 4  # one per run, one at the end
 
 
+def test_bench_interleave_runs_each_test_per_round(tmp_path):
+    # --interleave: the engines stay loaded (bench_worker --serve) and each round runs every test once
+    out = tmp_path / "b.json"
+    r = bench("--preset", "tiny", "--workdir", tmp_path, "--no-llama", "--tests", "pp4,pp2,tg", "--reps", "1",
+              "--tg-tokens", "2", "--threads", "1", "--rounds", "3", "--interleave", "--json", out)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    c = d["results"]["clover"]
+    assert d["interleaved"] and len(c["rounds"]) == 3 and c["peak_rss_gb"] > 0 and c["load_seconds"] > 0
+    for t in ("pp4", "pp2", "tg"):
+        assert c["tokens_per_second"][t] == sorted(x["tokens_per_second"][t] for x in c["rounds"])[1] > 0
+    # in the order asked, once per round
+    ran = [line.split("]")[1].split(":")[0].strip() for line in r.stderr.splitlines() if line.startswith("[CloverEngine]")]
+    assert ran == ["pp4", "pp2", "tg"] * 3
+    assert len(d["tg_roofline"]["read_bandwidth_gbps"]) == 4  # before each round's tg, one at the end
+
+
+def test_bench_worker_serve_protocol(tmp_path):
+    # one JSON line per request after a "ready" line; an unknown test ends the worker with an error
+    from clover_cpu.commands.bench import build_model
+
+    path = build_model(tmp_path, "tiny", lambda s: None)
+    p = subprocess.run([sys.executable, "-m", "clover_cpu.bench_worker", "--engine", "clover", str(path), "--threads",
+                        "1", "--serve"], input='{"test": "pp2"}\n{"test": "xx"}\n', capture_output=True, text=True)
+    lines = [json.loads(x) for x in p.stdout.splitlines()]
+    assert lines[0]["ready"] == "clover" and lines[1]["test"] == "pp2" and lines[1]["tokens_per_second"] > 0
+    assert p.returncode != 0 and "unknown test" in p.stderr
+
+
 def test_weight_bytes_per_token_counts_used_experts_only(tmp_path):
     # against the gguf package's own reader: all tensors but the embedding, routed experts at k / E
     import gguf

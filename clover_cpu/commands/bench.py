@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
         "bench",
         help="measure clover-cpu against llama.cpp on the same file (pp1..pp512, tg, peak RSS)",
         description="Autoregressive speed of clover-cpu and llama.cpp on one qwen35moe GGUF with the same "
-        "threads, each engine in its own process, one after the other (--rounds N: N times, alternating): "
+        "threads, each engine in its own process, one after the other (--rounds N: N times, alternating; "
+        "--interleave: both loaded, each test on one right after the other): "
         "ppN forwards N tokens into a fresh context, tg generates tokens one at a time. Prints a table of "
         "tokens/s with the ratio clover-cpu / llama.cpp and writes JSON. Without -m, builds (once, in --workdir) the random-weight "
         "benchmark model: the Clover-35B shape with 32 experts, Q4_K_M, about 4 GB (it needs ~17 GB of disk "
@@ -41,6 +42,10 @@ def add_parser(sub) -> None:
                    help="alternate the engines this many times and keep each test's median over the rounds: on "
                         "a noisy machine (a VM whose neighbours come and go) ratios from several rounds move "
                         "less (default 1)")
+    p.add_argument("--interleave", action="store_true",
+                   help="keep both engines loaded, each in its own process, and run every test on one right after "
+                        "the other (the order swapped each round): the two figures behind a ratio come seconds "
+                        "apart instead of minutes (needs memory for both engines at once)")
     p.add_argument("--llama-python", default=None,
                    help="a Python with llama_cpp installed (default: this one, else .venv-peers/bin/python)")
     p.add_argument("--no-llama", action="store_true", help="measure clover-cpu only")
@@ -78,7 +83,7 @@ def build_model(workdir: Path, preset: str, log) -> Path:
     return out
 
 
-def run_worker(python: str, engine: str, model: Path, args, threads: int) -> dict:
+def worker_command(python: str, engine: str, model: Path, args, threads: int) -> tuple[list[str], dict]:
     worker = Path(__file__).resolve().parent.parent / "bench_worker.py"
     cmd = [python, str(worker), "--engine", engine, str(model), "--threads", str(threads), "--tests", args.tests,
            "--reps", str(args.reps), "--tg-tokens", str(args.tg_tokens), "--ctx", str(1024)]
@@ -87,10 +92,84 @@ def run_worker(python: str, engine: str, model: Path, args, threads: int) -> dic
         env.pop("PYTHONPATH", None)
     else:
         cmd = [python, "-m", "clover_cpu.bench_worker", *cmd[2:]]
+    return cmd, env
+
+
+def run_worker(python: str, engine: str, model: Path, args, threads: int) -> dict:
+    cmd, env = worker_command(python, engine, model, args, threads)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env, cwd=str(Path.home()))
     if r.returncode != 0:
         raise ValueError(f"the {engine} benchmark failed (exit {r.returncode})")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+class Server:
+    """An engine's worker kept loaded (bench_worker --serve): one test per request."""
+
+    def __init__(self, python: str, engine: str, model: Path, args, threads: int):
+        cmd, env = worker_command(python, engine, model, args, threads)
+        self.engine = engine
+        self.p = subprocess.Popen([*cmd, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+                                  text=True, env=env, cwd=str(Path.home()))
+        self.ready = self._reply()
+
+    def _reply(self) -> dict:
+        line = self.p.stdout.readline()
+        if not line:
+            code = self.p.wait()
+            raise ValueError(f"the {self.engine} benchmark failed (exit {code})")
+        return json.loads(line)
+
+    def run(self, test: str) -> float:
+        self.p.stdin.write(json.dumps({"test": test}) + "\n")
+        self.p.stdin.flush()
+        return self._reply()["tokens_per_second"]
+
+    def finish(self) -> dict:
+        """Ends the worker; its final record (peak RSS, engine details)."""
+        self.p.stdin.close()
+        out = self._reply()
+        if self.p.wait() != 0:
+            raise ValueError(f"the {self.engine} benchmark failed (exit {self.p.returncode})")
+        return out
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+def interleaved(engines, model: Path, args, threads: int, tests: list[str], bandwidth: list, log) -> dict:
+    """Both engines loaded at once; per round, each test on one engine right after the other, the order
+    swapped every round. Returns each engine's rounds as run_worker records."""
+    servers = []
+    try:
+        for name, python in engines:
+            servers.append(Server(python, name, model, args, threads))
+        per_round = {s.engine: [] for s in servers}
+        for i in range(args.rounds):
+            if args.rounds > 1:
+                log(f"round {i + 1} of {args.rounds}")
+            order = servers if i % 2 == 0 else servers[::-1]
+            tps = {s.engine: {} for s in servers}
+            for test in tests:
+                if test == "tg":
+                    bandwidth.append(read_bandwidth_gbps(threads))
+                for s in order:  # (each worker logs its own figure)
+                    tps[s.engine][test] = s.run(test)
+            for s in servers:
+                per_round[s.engine].append(tps[s.engine])
+        finals = {s.engine: s.finish() for s in servers}
+    finally:
+        for s in servers:
+            s.kill()
+    runs = {}
+    for s in servers:
+        f = finals[s.engine]
+        base = {k: v for k, v in f.items() if k != "tokens_per_second"}
+        base["load_seconds"] = s.ready["load_seconds"]
+        runs[s.engine] = [dict(base, tokens_per_second=r) for r in per_round[s.engine]]
+    return runs
 
 
 def weight_bytes_per_token(path: Path) -> int:
@@ -196,13 +275,16 @@ def main(args: argparse.Namespace) -> int:
     # the read bandwidth before each engine's run and once at the end
     bandwidth, runs = [], {"clover": [], "llama": []}
     engines = [("clover", sys.executable)] + ([("llama", llama_py)] if llama_py else [])
-    for i in range(args.rounds):
-        if args.rounds > 1:
-            log(f"round {i + 1} of {args.rounds}")
-        for name, python in engines:
-            if "tg" in tests:
-                bandwidth.append(read_bandwidth_gbps(threads))
-            runs[name].append(run_worker(python, name, model.resolve(), args, threads))
+    if args.interleave:
+        runs.update(interleaved(engines, model.resolve(), args, threads, tests, bandwidth, log))
+    else:
+        for i in range(args.rounds):
+            if args.rounds > 1:
+                log(f"round {i + 1} of {args.rounds}")
+            for name, python in engines:
+                if "tg" in tests:
+                    bandwidth.append(read_bandwidth_gbps(threads))
+                runs[name].append(run_worker(python, name, model.resolve(), args, threads))
     results = {name: combine_rounds(r) for name, r in runs.items() if r}
     print(table(results, tests))
     roof = None
@@ -222,10 +304,12 @@ def main(args: argparse.Namespace) -> int:
         for t in tests:
             ratios[t] = results["clover"]["tokens_per_second"][t] / results["llama"]["tokens_per_second"][t]
         ratios["peak_rss"] = results["clover"]["peak_rss_gb"] / results["llama"]["peak_rss_gb"]
-        # each round's own ratios (its two runs minutes apart): how far one pair of runs can be trusted
+        # each round's own ratios (its two runs minutes apart, or seconds with --interleave): how far one pair
+        # of runs can be trusted
         round_ratios = [{t: c["tokens_per_second"][t] / l["tokens_per_second"][t] for t in tests}
                         for c, l in zip(runs["clover"], runs["llama"])]
     out.write_text(json.dumps({"model": str(model), "threads": threads, "date": time.strftime("%Y-%m-%d %H:%M"),
+                               "interleaved": bool(args.interleave),
                                "results": results, "ratios": ratios, "round_ratios": round_ratios,
                                "tg_roofline": roof}, indent=1))
     log(f"wrote {out}")
