@@ -70,6 +70,28 @@ def test_bench_worker_serve_protocol(tmp_path):
     assert p.returncode != 0 and "unknown test" in p.stderr
 
 
+def test_ratios_paired_or_of_medians():
+    from clover_cpu.commands.bench import combine_rounds, ratios_of, table
+
+    def rec(tps, rss):
+        return {"tokens_per_second": tps, "peak_rss_gb": rss, "load_seconds": 1.0}
+
+    # llama.cpp slows down in round 2 and clover-cpu in round 3: paired ratios 2, 2, 2
+    runs = {"clover": [rec({"pp32": 60.0}, 4.0), rec({"pp32": 40.0}, 4.0), rec({"pp32": 30.0}, 4.1)],
+            "llama": [rec({"pp32": 30.0}, 6.0), rec({"pp32": 20.0}, 6.0), rec({"pp32": 15.0}, 6.0)]}
+    results = {k: combine_rounds(v) for k, v in runs.items()}
+    paired, rounds = ratios_of(runs, results, ["pp32"], paired=True)
+    assert rounds == [{"pp32": 2.0}] * 3 and paired["pp32"] == 2.0 and paired["peak_rss"] == 4.1 / 6.0
+    medians, _ = ratios_of(runs, results, ["pp32"], paired=False)
+    assert medians["pp32"] == 40.0 / 20.0
+    runs["llama"][1] = rec({"pp32": 10.0}, 6.0)  # one disturbed round: 2, 4, 2
+    results = {k: combine_rounds(v) for k, v in runs.items()}
+    assert ratios_of(runs, results, ["pp32"], paired=True)[0]["pp32"] == 2.0
+    assert ratios_of(runs, results, ["pp32"], paired=False)[0]["pp32"] == 40.0 / 15.0
+    assert "   2.00x" in table(results, ["pp32"], {"pp32": 2.0})
+    assert ratios_of({"clover": runs["clover"], "llama": []}, {"clover": results["clover"]}, ["pp32"], True) == ({}, [])
+
+
 def test_weight_bytes_per_token_counts_used_experts_only(tmp_path):
     # against the gguf package's own reader: all tensors but the embedding, routed experts at k / E
     import gguf

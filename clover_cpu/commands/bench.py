@@ -230,13 +230,30 @@ def roofline(results: dict, bytes_per_token: int, bandwidth: list[float]) -> dic
     return out
 
 
-def table(results: dict, tests: list[str]) -> str:
+def ratios_of(runs: dict, results: dict, tests: list[str], paired: bool) -> tuple[dict, list[dict]]:
+    """clover-cpu / llama.cpp per test (and peak RSS), and each round's own ratios. A round's two runs are
+    minutes apart, or seconds with --interleave (paired): then the ratio is the median of the rounds'
+    ratios; otherwise the ratio of the two engines' medians."""
+    if "llama" not in results:
+        return {}, []
+    round_ratios = [{t: c["tokens_per_second"][t] / l["tokens_per_second"][t] for t in tests}
+                    for c, l in zip(runs["clover"], runs["llama"])]
+    ratios = {t: statistics.median(r[t] for r in round_ratios) if paired else
+              results["clover"]["tokens_per_second"][t] / results["llama"]["tokens_per_second"][t] for t in tests}
+    ratios["peak_rss"] = results["clover"]["peak_rss_gb"] / results["llama"]["peak_rss_gb"]
+    return ratios, round_ratios
+
+
+def table(results: dict, tests: list[str], ratios: dict | None = None) -> str:
+    """The tokens/s of both engines per test and their ratio: `ratios` where given (--interleave: the
+    median of each round's paired ratio), else the ratio of the two medians."""
     c, l = results.get("clover"), results.get("llama")
     lines = [f"{'test':8s} {'llama.cpp':>12s} {'clover-cpu':>12s} {'ratio':>7s}"]
     for t in tests:
         cv = c["tokens_per_second"].get(t) if c else None
         lv = l["tokens_per_second"].get(t) if l else None
-        ratio = f"{cv / lv:6.2f}x" if cv and lv else "      -"
+        r = ratios.get(t) if ratios else (cv / lv if cv and lv else None)
+        ratio = f"{r:6.2f}x" if r else "      -"
         fmt = lambda v: f"{v:8.2f} t/s" if v is not None else f"{'-':>12s}"  # noqa: E731
         lines.append(f"{t:8s} {fmt(lv)} {fmt(cv)} {ratio}")
     cr, lr = (c or {}).get("peak_rss_gb"), (l or {}).get("peak_rss_gb")
@@ -286,7 +303,10 @@ def main(args: argparse.Namespace) -> int:
                     bandwidth.append(read_bandwidth_gbps(threads))
                 runs[name].append(run_worker(python, name, model.resolve(), args, threads))
     results = {name: combine_rounds(r) for name, r in runs.items() if r}
-    print(table(results, tests))
+    ratios, round_ratios = ratios_of(runs, results, tests, args.interleave)
+    print(table(results, tests, ratios))
+    if args.interleave and ratios:
+        print("ratio: the median of the rounds' paired ratios (each test run on both engines seconds apart)")
     roof = None
     if bandwidth:
         bandwidth.append(read_bandwidth_gbps(threads))
@@ -298,16 +318,6 @@ def main(args: argparse.Namespace) -> int:
               f"measured around the runs) = {roof['tg_roofline_tps']:.1f} t/s; share reached: {shares}")
     out = Path(args.json_out) if args.json_out else workdir / "bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    ratios = {}
-    round_ratios = []
-    if "llama" in results:
-        for t in tests:
-            ratios[t] = results["clover"]["tokens_per_second"][t] / results["llama"]["tokens_per_second"][t]
-        ratios["peak_rss"] = results["clover"]["peak_rss_gb"] / results["llama"]["peak_rss_gb"]
-        # each round's own ratios (its two runs minutes apart, or seconds with --interleave): how far one pair
-        # of runs can be trusted
-        round_ratios = [{t: c["tokens_per_second"][t] / l["tokens_per_second"][t] for t in tests}
-                        for c, l in zip(runs["clover"], runs["llama"])]
     out.write_text(json.dumps({"model": str(model), "threads": threads, "date": time.strftime("%Y-%m-%d %H:%M"),
                                "interleaved": bool(args.interleave),
                                "results": results, "ratios": ratios, "round_ratios": round_ratios,
