@@ -121,8 +121,11 @@ class Server:
         return json.loads(line)
 
     def run(self, test: str) -> float:
-        self.p.stdin.write(json.dumps({"test": test}) + "\n")
-        self.p.stdin.flush()
+        try:
+            self.p.stdin.write(json.dumps({"test": test}) + "\n")
+            self.p.stdin.flush()
+        except OSError:  # (the worker has ended)
+            pass
         return self._reply()["tokens_per_second"]
 
     def finish(self) -> dict:
@@ -289,7 +292,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"{model} is a {arch} file; the autoregressive benchmark needs a qwen35moe file "
                          "(llama.cpp runs no clover files)")
     log(f"{model} ({model.stat().st_size / 1e9:.2f} GB), {threads} threads, tests {','.join(tests)}")
-    # the read bandwidth before each engine's run and once at the end
+    # the read bandwidth before each engine's run (--interleave: before each round's tg) and once at the end
     bandwidth, runs = [], {"clover": [], "llama": []}
     engines = [("clover", sys.executable)] + ([("llama", llama_py)] if llama_py else [])
     if args.interleave:
