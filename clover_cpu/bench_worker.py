@@ -7,7 +7,9 @@ The llama.cpp side imports nothing from clover_cpu (it may run under another int
 llama-cpp-python is installed). Prints one JSON object on stdout: tokens/s per test, peak RSS, load time.
 With --serve it loads the model, prints {"ready": ..., "load_seconds": ...}, then runs one test per
 line of JSON read from stdin ({"test": "pp32"}), printing {"test": ..., "tokens_per_second": ...} for
-each, and at the end of its input the final object (`clover-cpu bench --interleave`).
+each, and at the end of its input the final object, its tokens/s a list per test (`clover-cpu bench
+--interleave`). Only these lines go to stdout: anything else written there (an engine's own output)
+goes to stderr.
 
 ppN: N tokens forwarded into a fresh context (the median of --reps runs); tg: greedy autoregressive
 generation of --tg-tokens tokens after a 16-token prompt, one token per forward.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -135,23 +138,28 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--serve", action="store_true", help="run the tests named on stdin, one per line")
     a = ap.parse_args(argv)
+    out = sys.stdout
+    if a.serve:  # the protocol keeps the real stdout; file descriptor 1 (the engines' own writes) -> stderr
+        out = os.fdopen(os.dup(1), "w", buffering=1)
+        sys.stdout.flush()
+        os.dup2(2, 1)
     t = time.perf_counter()
     engine = (CloverEngine if a.engine == "clover" else LlamaEngine)(a.model, a.threads, a.ctx)
     load_s = time.perf_counter() - t
     if a.serve:
         res = {}
-        print(json.dumps({"ready": a.engine, "load_seconds": load_s}), flush=True)
+        print(json.dumps({"ready": a.engine, "load_seconds": load_s}), file=out, flush=True)
         for line in sys.stdin:
             if not line.strip():
                 continue
             test = json.loads(line)["test"]
             tps = measure(engine, [test], a.reps, a.tg_tokens)[test]
             res.setdefault(test, []).append(tps)
-            print(json.dumps({"test": test, "tokens_per_second": tps}), flush=True)
+            print(json.dumps({"test": test, "tokens_per_second": tps}), file=out, flush=True)
     else:
         res = measure(engine, a.tests.split(","), a.reps, a.tg_tokens)
     print(json.dumps({"engine": a.engine, "load_seconds": load_s, "tokens_per_second": res,
-                      "peak_rss_gb": peak_rss_gb(), **engine.info()}))
+                      "peak_rss_gb": peak_rss_gb(), **engine.info()}), file=out, flush=True)
     return 0
 
 

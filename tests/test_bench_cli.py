@@ -50,6 +50,8 @@ def test_bench_interleave_runs_each_test_per_round(tmp_path):
     d = json.loads(out.read_text())
     c = d["results"]["clover"]
     assert d["interleaved"] and len(c["rounds"]) == 3 and c["peak_rss_gb"] > 0 and c["load_seconds"] > 0
+    # one process for all rounds (one load), first in every round (the only engine)
+    assert len({x["load_seconds"] for x in c["rounds"]}) == 1 and all(x["first"] for x in c["rounds"])
     for t in ("pp4", "pp2", "tg"):
         assert c["tokens_per_second"][t] == sorted(x["tokens_per_second"][t] for x in c["rounds"])[1] > 0
     # in the order asked, once per round
@@ -68,6 +70,27 @@ def test_bench_worker_serve_protocol(tmp_path):
     lines = [json.loads(x) for x in p.stdout.splitlines()]
     assert lines[0]["ready"] == "clover" and lines[1]["test"] == "pp2" and lines[1]["tokens_per_second"] > 0
     assert p.returncode != 0 and "unknown test" in p.stderr
+    # a clean end of input: the final record, every test's figures in a list
+    p = subprocess.run([sys.executable, "-m", "clover_cpu.bench_worker", "--engine", "clover", str(path), "--threads",
+                        "1", "--serve"], input='{"test": "pp2"}\n{"test": "pp2"}\n', capture_output=True, text=True)
+    lines = [json.loads(x) for x in p.stdout.splitlines()]
+    assert p.returncode == 0 and len(lines) == 4 and lines[3]["peak_rss_gb"] > 0
+    assert lines[3]["tokens_per_second"]["pp2"] == [lines[1]["tokens_per_second"], lines[2]["tokens_per_second"]]
+
+
+def test_bench_interleave_engine_that_fails_gives_one_line(tmp_path):
+    # an "llama.cpp" Python that imports llama_cpp but answers junk: a one-line error, no worker left behind
+    fake = tmp_path / "fakepy"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "-c" ]; then exit 0; fi\necho "not a record"\nexit 3\n')
+    fake.chmod(0o755)
+    r = bench("--preset", "tiny", "--workdir", tmp_path, "--llama-python", fake, "--tests", "pp2", "--reps", "1",
+              "--threads", "1", "--interleave")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "the llama benchmark replied 'not a record', not its record" in r.stderr.strip().splitlines()[-1]
+    fake.write_text('#!/bin/sh\nif [ "$1" = "-c" ]; then exit 0; fi\nexit 3\n')
+    r = bench("--preset", "tiny", "--workdir", tmp_path, "--llama-python", fake, "--tests", "pp2", "--reps", "1",
+              "--threads", "1", "--interleave")
+    assert r.returncode == 2 and "the llama benchmark failed (exit 3)" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_ratios_paired_or_of_medians():
@@ -76,7 +99,7 @@ def test_ratios_paired_or_of_medians():
     def rec(tps, rss):
         return {"tokens_per_second": tps, "peak_rss_gb": rss, "load_seconds": 1.0}
 
-    # llama.cpp slows down in round 2 and clover-cpu in round 3: paired ratios 2, 2, 2
+    # both engines slow down together, round by round: paired ratios 2, 2, 2
     runs = {"clover": [rec({"pp32": 60.0}, 4.0), rec({"pp32": 40.0}, 4.0), rec({"pp32": 30.0}, 4.1)],
             "llama": [rec({"pp32": 30.0}, 6.0), rec({"pp32": 20.0}, 6.0), rec({"pp32": 15.0}, 6.0)]}
     results = {k: combine_rounds(v) for k, v in runs.items()}

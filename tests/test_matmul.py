@@ -193,10 +193,11 @@ def test_kquant_tiles_span_row_chunks_and_token_groups(fmt, rows, k, m, rng):
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0"])
-@pytest.mark.parametrize("k,m", [(4096, 5), (4096, 6), (2048, 11)])
+@pytest.mark.parametrize("k,m", [(4096, 5), (4096, 6), (4096, 8), (2048, 11)])
 def test_kquant_tiles_one_group_past_the_l1_size(fmt, k, m, rng):
-    # Up to 1.5x the L1-sized token group (on a 32-48 KB L1d: 4-6 tokens at K = 4096, 8-12 at 2048 for
-    # the k-quants), the tokens run as one group of up to Kind::GROUP, with no rows stored unpacked.
+    # Up to 1.5x the L1-sized token group, the tokens run as one group of up to Kind::GROUP, with no rows
+    # stored unpacked: on a 32 KB L1d 4 -> 5-6 tokens at K = 4096 and 8 -> 11 at 2048 (AVX-512 q4_K), on a
+    # 48 KB one 6 -> 8 at K = 4096.
     if not SIMD_ISAS:
         pytest.skip("no SIMD path on this machine")
     q, wd = make(rng, fmt, 45, k)

@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
         help="measure clover-cpu against llama.cpp on the same file (pp1..pp512, tg, peak RSS)",
         description="Autoregressive speed of clover-cpu and llama.cpp on one qwen35moe GGUF with the same "
         "threads, each engine in its own process, one after the other (--rounds N: N times, alternating; "
-        "--interleave: both loaded, each test on one right after the other): "
+        "--interleave: both loaded, each test on both, one right after the other): "
         "ppN forwards N tokens into a fresh context, tg generates tokens one at a time. Prints a table of "
         "tokens/s with the ratio clover-cpu / llama.cpp and writes JSON. Without -m, builds (once, in --workdir) the random-weight "
         "benchmark model: the Clover-35B shape with 32 experts, Q4_K_M, about 4 GB (it needs ~17 GB of disk "
@@ -43,9 +43,10 @@ def add_parser(sub) -> None:
                         "a noisy machine (a VM whose neighbours come and go) ratios from several rounds move "
                         "less (default 1)")
     p.add_argument("--interleave", action="store_true",
-                   help="keep both engines loaded, each in its own process, and run every test on one right after "
-                        "the other (the order swapped each round): the two figures behind a ratio come seconds "
-                        "apart instead of minutes (needs memory for both engines at once)")
+                   help="keep both engines loaded, each in its own process, and run every test on both, one right "
+                        "after the other (which goes first swaps each round: an even --rounds balances it); the "
+                        "ratio is then the median of the rounds' paired ratios, two figures seconds apart instead "
+                        "of minutes (needs memory for both engines at once)")
     p.add_argument("--llama-python", default=None,
                    help="a Python with llama_cpp installed (default: this one, else .venv-peers/bin/python)")
     p.add_argument("--no-llama", action="store_true", help="measure clover-cpu only")
@@ -111,14 +112,24 @@ class Server:
         self.engine = engine
         self.p = subprocess.Popen([*cmd, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
                                   text=True, env=env, cwd=str(Path.home()))
-        self.ready = self._reply()
+        try:
+            self.ready = self._reply("ready")
+        except ValueError:
+            self.kill()
+            raise
 
-    def _reply(self) -> dict:
+    def _reply(self, key: str) -> dict:
         line = self.p.stdout.readline()
         if not line:
             code = self.p.wait()
-            raise ValueError(f"the {self.engine} benchmark failed (exit {code})")
-        return json.loads(line)
+            why = f"killed by signal {-code}, out of memory with both engines loaded?" if code < 0 else f"exit {code}"
+            raise ValueError(f"the {self.engine} benchmark failed ({why})")
+        try:
+            out = json.loads(line)
+            out[key]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"the {self.engine} benchmark replied {line.strip()[:80]!r}, not its record") from None
+        return out
 
     def run(self, test: str) -> float:
         try:
@@ -126,12 +137,12 @@ class Server:
             self.p.stdin.flush()
         except OSError:  # (the worker has ended)
             pass
-        return self._reply()["tokens_per_second"]
+        return self._reply("tokens_per_second")["tokens_per_second"]
 
     def finish(self) -> dict:
         """Ends the worker; its final record (peak RSS, engine details)."""
         self.p.stdin.close()
-        out = self._reply()
+        out = self._reply("peak_rss_gb")
         if self.p.wait() != 0:
             raise ValueError(f"the {self.engine} benchmark failed (exit {self.p.returncode})")
         return out
@@ -150,11 +161,13 @@ def interleaved(engines, model: Path, args, threads: int, tests: list[str], band
         for name, python in engines:
             servers.append(Server(python, name, model, args, threads))
         per_round = {s.engine: [] for s in servers}
+        first = []
         for i in range(args.rounds):
             if args.rounds > 1:
                 log(f"round {i + 1} of {args.rounds}")
             order = servers if i % 2 == 0 else servers[::-1]
             tps = {s.engine: {} for s in servers}
+            first.append(order[0].engine)
             for test in tests:
                 if test == "tg":
                     bandwidth.append(read_bandwidth_gbps(threads))
@@ -171,7 +184,8 @@ def interleaved(engines, model: Path, args, threads: int, tests: list[str], band
         f = finals[s.engine]
         base = {k: v for k, v in f.items() if k != "tokens_per_second"}
         base["load_seconds"] = s.ready["load_seconds"]
-        runs[s.engine] = [dict(base, tokens_per_second=r) for r in per_round[s.engine]]
+        runs[s.engine] = [dict(base, tokens_per_second=r, first=f == s.engine)
+                          for r, f in zip(per_round[s.engine], first)]
     return runs
 
 
@@ -211,11 +225,12 @@ def combine_rounds(runs: list[dict]) -> dict:
     """One engine's runs -> the first run's record with each test's median tokens/s and the largest
     peak RSS; every round's figures are kept under "rounds"."""
     out = dict(runs[0])
+    out.pop("first", None)  # (--interleave: per round, whether this engine went first)
     out["tokens_per_second"] = {t: statistics.median(r["tokens_per_second"][t] for r in runs)
                                 for t in runs[0]["tokens_per_second"]}
     out["peak_rss_gb"] = max(r["peak_rss_gb"] for r in runs)
     if len(runs) > 1:
-        keep = ("tokens_per_second", "peak_rss_gb", "load_seconds")
+        keep = ("tokens_per_second", "peak_rss_gb", "load_seconds", "first")
         out["rounds"] = [{k: r[k] for k in keep if k in r} for r in runs]
     return out
 
