@@ -155,8 +155,9 @@ struct SuperBlock<Kind, std::void_t<typename Kind::XB>> {
 // 12 / 8 / 4 tokens: q4_K K=512 240 / 233 / 192 GFLOP/s, K=2048 187 / 213 / 179, K=4096 146 / 144 / 198;
 // q6_K (8 / 6 / 4) K=2048 219 / 212 / 192, K=4096 124 / 138 / 186. The rule gives those best sizes
 // there (q4_K 12 / 8 / 4, q6_K 8 / 4); with Zen 5's 48 KB it keeps the 12 tokens its K=2048 products
-// were tuned with (bench/NOTES.md change 36). Up to 1.5x that many tokens stay one group
-// (gemm_kquant_tiles, change 40).
+// were tuned with (bench/NOTES.md change 36). Up to 1.5x that many tokens (at most Kind::GROUP) stay one
+// group: a split would leave a second group of at most half a group, for which the first group's pass
+// would store every row unpacked (change 40).
 inline int64_t l1d_bytes() {
     static const int64_t n = [] {
         long v = 0;
@@ -172,11 +173,12 @@ inline int64_t l1d_bytes() {
     return n;
 }
 template <class Kind>
-int group_tokens(int64_t K) {
+int group_tokens(int64_t K, int M) {
     constexpr int TPE = Kind::TOKENS_PER_ENTRY;
     const int64_t per_entry = (int64_t)sizeof(typename Kind::X) * std::max<int64_t>(1, K / SuperBlock<Kind>::VALUES);
     const int64_t fit = l1d_bytes() * 3 / 4 / per_entry * TPE;
-    return (int)std::max<int64_t>(TPE, std::min<int64_t>(Kind::GROUP, fit));
+    const int G = (int)std::max<int64_t>(TPE, std::min<int64_t>(Kind::GROUP, fit));
+    return M <= Kind::GROUP && 2 * M <= 3 * G ? Kind::GROUP : G;
 }
 
 template <class Kind>
@@ -203,10 +205,7 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
     const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
     // Several token groups: the first unpacks each row of a chunk while it computes (the weight stream
     // overlaps the products) and stores it; the others load it.
-    // One group, past the L1 size, where the split would leave a second group of at most half a group
-    // (the first group's pass would store every row unpacked for a few tokens; bench/NOTES.md change 40).
-    const int G1 = group_tokens<Kind>(K);
-    const int G = M <= Kind::GROUP && 2 * M <= 3 * G1 ? Kind::GROUP : G1;
+    const int G = group_tokens<Kind>(K, M);
     const bool pre = M > G;
     thread_local std::vector<typename Kind::U> ut_buf;
     if (pre) ut_buf.resize((size_t)std::min(chunk, n1 - n0) * nb);

@@ -118,12 +118,15 @@ class Server:
             self.kill()
             raise
 
+    def _failed(self) -> ValueError:
+        code = self.p.wait()
+        why = f"killed by signal {-code}, out of memory with both engines loaded?" if code < 0 else f"exit {code}"
+        return ValueError(f"the {self.engine} benchmark failed ({why})")
+
     def _reply(self, key: str) -> dict:
         line = self.p.stdout.readline()
         if not line:
-            code = self.p.wait()
-            why = f"killed by signal {-code}, out of memory with both engines loaded?" if code < 0 else f"exit {code}"
-            raise ValueError(f"the {self.engine} benchmark failed ({why})")
+            raise self._failed()
         try:
             out = json.loads(line)
             out[key]
@@ -144,7 +147,7 @@ class Server:
         self.p.stdin.close()
         out = self._reply("peak_rss_gb")
         if self.p.wait() != 0:
-            raise ValueError(f"the {self.engine} benchmark failed (exit {self.p.returncode})")
+            raise self._failed()
         return out
 
     def kill(self) -> None:
@@ -153,21 +156,22 @@ class Server:
             self.p.wait()
 
 
-def interleaved(engines, model: Path, args, threads: int, tests: list[str], bandwidth: list, log) -> dict:
+def interleaved(engines, model: Path, args, threads: int, tests: list[str], bandwidth: list,
+                log) -> tuple[dict, list[str]]:
     """Both engines loaded at once; per round, each test on one engine right after the other, the order
-    swapped every round. Returns each engine's rounds as run_worker records."""
-    servers = []
+    swapped every round. Returns each engine's rounds as run_worker records, and which engine went first
+    in each round."""
+    servers, first = [], []
     try:
         for name, python in engines:
             servers.append(Server(python, name, model, args, threads))
         per_round = {s.engine: [] for s in servers}
-        first = []
         for i in range(args.rounds):
             if args.rounds > 1:
                 log(f"round {i + 1} of {args.rounds}")
             order = servers if i % 2 == 0 else servers[::-1]
-            tps = {s.engine: {} for s in servers}
             first.append(order[0].engine)
+            tps = {s.engine: {} for s in servers}
             for test in tests:
                 if test == "tg":
                     bandwidth.append(read_bandwidth_gbps(threads))
@@ -181,12 +185,10 @@ def interleaved(engines, model: Path, args, threads: int, tests: list[str], band
             s.kill()
     runs = {}
     for s in servers:
-        f = finals[s.engine]
-        base = {k: v for k, v in f.items() if k != "tokens_per_second"}
+        base = {k: v for k, v in finals[s.engine].items() if k != "tokens_per_second"}
         base["load_seconds"] = s.ready["load_seconds"]
-        runs[s.engine] = [dict(base, tokens_per_second=r, first=f == s.engine)
-                          for r, f in zip(per_round[s.engine], first)]
-    return runs
+        runs[s.engine] = [dict(base, tokens_per_second=r) for r in per_round[s.engine]]
+    return runs, first
 
 
 def weight_bytes_per_token(path: Path) -> int:
@@ -225,12 +227,11 @@ def combine_rounds(runs: list[dict]) -> dict:
     """One engine's runs -> the first run's record with each test's median tokens/s and the largest
     peak RSS; every round's figures are kept under "rounds"."""
     out = dict(runs[0])
-    out.pop("first", None)  # (--interleave: per round, whether this engine went first)
     out["tokens_per_second"] = {t: statistics.median(r["tokens_per_second"][t] for r in runs)
                                 for t in runs[0]["tokens_per_second"]}
     out["peak_rss_gb"] = max(r["peak_rss_gb"] for r in runs)
     if len(runs) > 1:
-        keep = ("tokens_per_second", "peak_rss_gb", "load_seconds", "first")
+        keep = ("tokens_per_second", "peak_rss_gb", "load_seconds")
         out["rounds"] = [{k: r[k] for k in keep if k in r} for r in runs]
     return out
 
@@ -308,10 +309,11 @@ def main(args: argparse.Namespace) -> int:
                          "(llama.cpp runs no clover files)")
     log(f"{model} ({model.stat().st_size / 1e9:.2f} GB), {threads} threads, tests {','.join(tests)}")
     # the read bandwidth before each engine's run (--interleave: before each round's tg) and once at the end
-    bandwidth, runs = [], {"clover": [], "llama": []}
+    bandwidth, runs, first = [], {"clover": [], "llama": []}, None
     engines = [("clover", sys.executable)] + ([("llama", llama_py)] if llama_py else [])
     if args.interleave:
-        runs.update(interleaved(engines, model.resolve(), args, threads, tests, bandwidth, log))
+        served, first = interleaved(engines, model.resolve(), args, threads, tests, bandwidth, log)
+        runs.update(served)
     else:
         for i in range(args.rounds):
             if args.rounds > 1:
@@ -337,7 +339,7 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.json_out) if args.json_out else workdir / "bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": str(model), "threads": threads, "date": time.strftime("%Y-%m-%d %H:%M"),
-                               "interleaved": bool(args.interleave),
+                               "interleaved": bool(args.interleave), "first_by_round": first,
                                "results": results, "ratios": ratios, "round_ratios": round_ratios,
                                "tg_roofline": roof}, indent=1))
     log(f"wrote {out}")
