@@ -61,6 +61,13 @@ def moe_block(x, router, top_k, gate, up, down, gate_fmt, down_fmt, gate_sh, up_
                            shexp_gate, isa=isa, prefetch=bool(prefetch))
 
 
+# A model's per-layer weights, checked once, for the fused sub-layers: LayerStack(n_layer, H, eps);
+# .set_gdn(i, ...) / .set_moe(i, ...) at load, then per forward .gdn(i, x, conv_state, ssm_state, commit)
+# (x += the GDN mixer of rms_norm(x)) and .moe(i, x, prefetch) (x += moe_block(rms_norm(x)); returns the
+# distinct experts used), x updated in place (csrc/layers.h).
+LayerStack = _core.LayerStack
+
+
 def experts_prefetched() -> int:
     """How many experts moe_block(prefetch=True) has requested from the disk in this process."""
     return _core.experts_prefetched()

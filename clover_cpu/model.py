@@ -214,6 +214,9 @@ class Model:
         if prefetch not in PREFETCH_MODES:
             raise ValueError(f"prefetch must be one of {', '.join(PREFETCH_MODES)}")
         self.prefetch = prefetch
+        # True: each GDN mixer and each feed-forward runs as one C++ call (csrc/layers.h); False: the
+        # operator-by-operator Python code below (_gated_deltanet, _moe), the same results bit for bit.
+        self.fused = True
         self.file = GGUFFile(path)
         try:
             # auto: only when the page cache cannot hold the whole file (a model larger than the free
@@ -278,6 +281,8 @@ class Model:
         self.output = self._matrix("output.weight", (H, V)) if "output.weight" in self.file.tensors else self.embed
         self.output_norm = self._vector("output_norm.weight", (H,))
         self.layers = []
+        # the same weights for the fused sub-layers (csrc/layers.h): two C++ calls per layer
+        self._stack = kernels.LayerStack(c.n_layer, H, c.eps)
         for i in range(c.n_layer):
             b = f"blk.{i}."
             L = {
@@ -317,6 +322,13 @@ class Model:
                     k_norm=self._vector(b + "attn_k_norm.weight", (D,)),
                 )
             self.layers.append(L)
+            self._stack.set_moe(i, L["post_norm"], pair(L["router"]), L["gate_exps"].data, L["up_exps"].data,
+                                L["down_exps"].data, L["gate_exps"].fmt, L["down_exps"].fmt, pair(L["gate_shexp"]),
+                                pair(L["up_shexp"]), pair(L["down_shexp"]), pair(L["shexp_gate_inp"]), c.n_expert_used)
+            if c.recurrent[i]:
+                self._stack.set_gdn(i, L["attn_norm"], pair(L["qkv"]), pair(L["z"]), pair(L["alpha"]), pair(L["beta"]),
+                                    pair(L["ssm_out"]), L["conv"], L["dt_bias"], L["ssm_a"], L["ssm_norm"],
+                                    c.n_k_heads, c.n_v_heads, c.k_head_dim, c.v_head_dim)
 
     # -- the layers --
 
@@ -416,14 +428,18 @@ class Model:
             raise ValueError(f"commit must be between 0 and {ids.size}")
         pos = np.arange(cache.n, cache.n + ids.size, dtype=np.int32)
         x = kernels.dequantize(np.ascontiguousarray(self.embed.data[ids]), self.embed.fmt)
-        prefetch = self._prefetching
+        prefetch, fused = self._prefetching, self.fused
         for i, L in enumerate(self.layers):
-            h = rmsnorm(x, L["attn_norm"], c.eps)
-            if c.recurrent[i]:
-                x += self._gated_deltanet(i, L, h, cache, commit)
+            if c.recurrent[i] and fused:
+                self._stack.gdn(i, x, *cache.gdn_state(i, c), commit)
+            elif c.recurrent[i]:
+                x += self._gated_deltanet(i, L, rmsnorm(x, L["attn_norm"], c.eps), cache, commit)
             else:
-                x += self._attention(i, L, h, pos, cache, commit, block)
-            x += self._moe(L, rmsnorm(x, L["post_norm"], c.eps), prefetch)
+                x += self._attention(i, L, rmsnorm(x, L["attn_norm"], c.eps), pos, cache, commit, block)
+            if fused:
+                self.last_experts_used = self._stack.moe(i, x, prefetch)
+            else:
+                x += self._moe(L, rmsnorm(x, L["post_norm"], c.eps), prefetch)
         self._update_prefetch()
         cache.n += commit
         cache.tokens.extend(int(t) for t in ids[:commit])

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dispatch.h"
+#include "layers.h"
 #include "ops.h"
 #include "quants.h"
 #include "threadpool.h"
@@ -266,6 +267,19 @@ WeightView weight_arg(const py::object& obj, const char* what) {
     return weight_view(py::reinterpret_borrow<py::array>(wt[0]), parse_type(wt[1].cast<std::string>()), what);
 }
 
+void check_moe_block(const WeightView& R, const ExpertsView& g, const ExpertsView& u, const ExpertsView& d,
+                     const WeightView& GS, const WeightView& US, const WeightView& DS, const WeightView& SG, int top_k,
+                     int64_t H) {
+    for (const WeightView* w : {&R, &GS, &US, &SG})
+        if (w->k != H) fail("router, gate_sh, up_sh and shexp_gate must take rows of " + std::to_string(H) + " (x columns)");
+    if (SG.rows != 1) fail("shexp_gate must have one row");
+    if (US.rows != GS.rows || DS.k != GS.rows || DS.rows != H)
+        fail("the shared expert must be gate/up [I, " + std::to_string(H) + "] and down [" + std::to_string(H) + ", I]");
+    check_experts(g, u, d, H);
+    if (R.rows != g.n_expert) fail("the router must have one row per expert (" + std::to_string(g.n_expert) + ")");
+    if (top_k < 1 || top_k > g.n_expert) fail("top_k must be in [1, " + std::to_string(g.n_expert) + "]");
+}
+
 py::tuple py_moe_block(const py::array& x, const py::object& router, int top_k, const py::array& gate,
                        const py::array& up, const py::array& down, const std::string& gate_type,
                        const std::string& down_type, const py::object& gate_sh, const py::object& up_sh,
@@ -280,14 +294,7 @@ py::tuple py_moe_block(const py::array& x, const py::object& router, int top_k, 
     const ExpertsView g = experts_view(gate, parse_type(gate_type), "gate");
     const ExpertsView u = experts_view(up, parse_type(gate_type), "up");
     const ExpertsView d = experts_view(down, parse_type(down_type), "down");
-    for (const WeightView* w : {&R, &GS, &US, &SG})
-        if (w->k != H) fail("router, gate_sh, up_sh and shexp_gate must take rows of " + std::to_string(H) + " (x columns)");
-    if (SG.rows != 1) fail("shexp_gate must have one row");
-    if (US.rows != GS.rows || DS.k != GS.rows || DS.rows != H)
-        fail("the shared expert must be gate/up [I, " + std::to_string(H) + "] and down [" + std::to_string(H) + ", I]");
-    check_experts(g, u, d, H);
-    if (R.rows != g.n_expert) fail("the router must have one row per expert (" + std::to_string(g.n_expert) + ")");
-    if (top_k < 1 || top_k > g.n_expert) fail("top_k must be in [1, " + std::to_string(g.n_expert) + "]");
+    check_moe_block(R, g, u, d, GS, US, DS, SG, top_k, H);
     py::array_t<float> out({(py::ssize_t)M, (py::ssize_t)H});
     int n_used = 0;
     const float* X = (const float*)x.data();
@@ -298,6 +305,136 @@ py::tuple py_moe_block(const py::array& x, const py::object& router, int top_k, 
     }
     return py::make_tuple(out, n_used);
 }
+
+// The per-layer weights of a model, checked once at load, for the fused sub-layers (layers.h): the
+// Python forward then makes two calls per layer. The arrays (views of the mapped file) stay referenced.
+class LayerStack {
+  public:
+    LayerStack(int64_t n_layer, int64_t H, float eps) : H_(H), eps_(eps), gdn_(n_layer), moe_(n_layer) {
+        if (n_layer < 1 || H < 1) fail("a layer stack needs n_layer >= 1 and H >= 1");
+        if (!(eps >= 0.f)) fail("eps must be >= 0");
+    }
+
+    void set_gdn(int64_t i, const py::array& norm, const py::object& qkv, const py::object& z, const py::object& alpha,
+                 const py::object& beta, const py::object& out, const py::array& conv, const py::array& dt_bias,
+                 const py::array& ssm_a, const py::array& ssm_norm, int64_t n_k_heads, int64_t n_v_heads, int64_t dk,
+                 int64_t dv) {
+        layer(i);
+        if (n_k_heads < 1 || dk < 1 || dv < 1 || n_v_heads % n_k_heads)
+            fail("GDN heads: n_v_heads must be a multiple of n_k_heads >= 1, dk and dv >= 1");
+        GdnWeights w;
+        w.norm = vec(norm, "attn_norm", H_);
+        w.qkv = weight_arg(qkv, "qkv");
+        w.z = weight_arg(z, "z");
+        w.alpha = weight_arg(alpha, "alpha");
+        w.beta = weight_arg(beta, "beta");
+        w.out = weight_arg(out, "ssm_out");
+        const int64_t C = 2 * n_k_heads * dk + n_v_heads * dv, V = n_v_heads * dv;
+        for (const WeightView* m : {&w.qkv, &w.z, &w.alpha, &w.beta})
+            if (m->k != H_) fail("qkv, z, alpha and beta must take rows of " + std::to_string(H_));
+        if (w.qkv.rows != C || w.z.rows != V || w.alpha.rows != n_v_heads || w.beta.rows != n_v_heads)
+            fail("GDN projections: qkv must have " + std::to_string(C) + " rows, z " + std::to_string(V) +
+                 ", alpha and beta " + std::to_string(n_v_heads));
+        if (w.out.rows != H_ || w.out.k != V)
+            fail("ssm_out must be [" + std::to_string(H_) + ", " + std::to_string(V) + "]");
+        check_array<float>(conv, "conv", 2, "float32");
+        if (conv.shape(0) != C || conv.shape(1) < 1) fail("conv must be [" + std::to_string(C) + ", K >= 1]");
+        w.conv = (const float*)conv.data();
+        w.conv_k = conv.shape(1);
+        w.dt_bias = vec(dt_bias, "dt_bias", n_v_heads);
+        w.ssm_a = vec(ssm_a, "ssm_a", n_v_heads);
+        w.ssm_norm = vec(ssm_norm, "ssm_norm", dv);
+        w.n_k_heads = n_k_heads;
+        w.n_v_heads = n_v_heads;
+        w.dk = dk;
+        w.dv = dv;
+        for (const py::object& o : {py::object(norm), qkv, z, alpha, beta, out, py::object(conv), py::object(dt_bias),
+                                    py::object(ssm_a), py::object(ssm_norm)})
+            keep_.push_back(o);
+        gdn_[i] = w;
+    }
+
+    void set_moe(int64_t i, const py::array& norm, const py::object& router, const py::array& gate, const py::array& up,
+                 const py::array& down, const std::string& gate_type, const std::string& down_type,
+                 const py::object& gate_sh, const py::object& up_sh, const py::object& down_sh,
+                 const py::object& shexp_gate, int top_k) {
+        layer(i);
+        MoeWeights w;
+        w.norm = vec(norm, "post_attention_norm", H_);
+        w.router = weight_arg(router, "router");
+        w.gate_sh = weight_arg(gate_sh, "gate_sh");
+        w.up_sh = weight_arg(up_sh, "up_sh");
+        w.down_sh = weight_arg(down_sh, "down_sh");
+        w.shexp_gate = weight_arg(shexp_gate, "shexp_gate");
+        w.gate = experts_view(gate, parse_type(gate_type), "gate");
+        w.up = experts_view(up, parse_type(gate_type), "up");
+        w.down = experts_view(down, parse_type(down_type), "down");
+        check_moe_block(w.router, w.gate, w.up, w.down, w.gate_sh, w.up_sh, w.down_sh, w.shexp_gate, top_k, H_);
+        w.top_k = top_k;
+        for (const py::object& o : {py::object(norm), router, py::object(gate), py::object(up), py::object(down), gate_sh,
+                                    up_sh, down_sh, shexp_gate})
+            keep_.push_back(o);
+        moe_[i] = w;
+    }
+
+    // x [T, H] += the GDN mixer of layer i; the first `commit` tokens update the states in place.
+    void gdn(int64_t i, py::array x, py::array conv_state, py::array ssm_state, int64_t commit) {
+        layer(i);
+        if (!gdn_[i]) fail("layer " + std::to_string(i) + " has no GDN weights");
+        const GdnWeights& w = *gdn_[i];
+        const int64_t T = rows_of(x);
+        check_array<float>(conv_state, "conv_state", 2, "float32");
+        check_array<float>(ssm_state, "ssm_state", 3, "float32");
+        if (conv_state.shape(0) != w.conv_k - 1 || conv_state.shape(1) != w.qkv.rows)
+            fail("conv_state must be [" + std::to_string(w.conv_k - 1) + ", " + std::to_string(w.qkv.rows) + "]");
+        if (ssm_state.shape(0) != w.n_v_heads || ssm_state.shape(1) != w.dk || ssm_state.shape(2) != w.dv)
+            fail("ssm_state must be [" + std::to_string(w.n_v_heads) + ", " + std::to_string(w.dk) + ", " +
+                 std::to_string(w.dv) + "]");
+        if (!conv_state.writeable() || !ssm_state.writeable()) fail("the GDN states must be writeable");
+        if (commit < 0 || commit > T) fail("commit must be in [0, " + std::to_string(T) + "]");
+        float* X = (float*)x.mutable_data();
+        float *Cs = (float*)conv_state.mutable_data(), *Ss = (float*)ssm_state.mutable_data();
+        if (T == 0) return;
+        const Kernels& kr = active_kernels();
+        py::gil_scoped_release nogil;
+        gdn_residual(kr, w, eps_, X, T, H_, Cs, Ss, commit);
+    }
+
+    // x [T, H] += the feed-forward of layer i; returns the number of distinct routed experts used.
+    int moe(int64_t i, py::array x, bool prefetch) {
+        layer(i);
+        if (!moe_[i]) fail("layer " + std::to_string(i) + " has no MoE weights");
+        const int64_t T = rows_of(x);
+        float* X = (float*)x.mutable_data();
+        if (T == 0) return 0;
+        const Kernels& kr = active_kernels();
+        py::gil_scoped_release nogil;
+        return moe_residual(kr, *moe_[i], eps_, X, T, H_, prefetch);
+    }
+
+  private:
+    void layer(int64_t i) const {
+        if (i < 0 || i >= (int64_t)gdn_.size())
+            fail("layer " + std::to_string(i) + " out of range [0, " + std::to_string(gdn_.size()) + ")");
+    }
+    const float* vec(const py::array& a, const char* what, int64_t n) const {
+        check_array<float>(a, what, 1, "float32");
+        if (a.shape(0) != n) fail(std::string(what) + " must have " + std::to_string(n) + " values");
+        return (const float*)a.data();
+    }
+    int64_t rows_of(const py::array& x) const {
+        check_array<float>(x, "x", 2, "float32");
+        if (x.shape(1) != H_) fail("x must be [T, " + std::to_string(H_) + "]");
+        if (!x.writeable()) fail("x must be writeable (updated in place)");
+        return x.shape(0);
+    }
+
+    int64_t H_;
+    float eps_;
+    std::vector<std::optional<GdnWeights>> gdn_;
+    std::vector<std::optional<MoeWeights>> moe_;
+    std::vector<py::object> keep_;
+};
 
 py::dict py_system_info() {
     const CpuFeatures f = cpu_features();
@@ -384,6 +521,17 @@ PYBIND11_MODULE(_core, m) {
           py::arg("up_sh"), py::arg("down_sh"), py::arg("shexp_gate"), py::kw_only(), py::arg("isa") = py::none(),
           py::arg("prefetch") = false);
     m.def("experts_prefetched", &experts_prefetched);
+    py::class_<LayerStack>(m, "LayerStack")
+        .def(py::init<int64_t, int64_t, float>(), py::arg("n_layer"), py::arg("H"), py::arg("eps"))
+        .def("set_gdn", &LayerStack::set_gdn, py::arg("i"), py::arg("norm"), py::arg("qkv"), py::arg("z"),
+             py::arg("alpha"), py::arg("beta"), py::arg("out"), py::arg("conv"), py::arg("dt_bias"), py::arg("ssm_a"),
+             py::arg("ssm_norm"), py::arg("n_k_heads"), py::arg("n_v_heads"), py::arg("dk"), py::arg("dv"))
+        .def("set_moe", &LayerStack::set_moe, py::arg("i"), py::arg("norm"), py::arg("router"), py::arg("gate"),
+             py::arg("up"), py::arg("down"), py::arg("gate_type"), py::arg("down_type"), py::arg("gate_sh"),
+             py::arg("up_sh"), py::arg("down_sh"), py::arg("shexp_gate"), py::arg("top_k"))
+        .def("gdn", &LayerStack::gdn, py::arg("i"), py::arg("x"), py::arg("conv_state"), py::arg("ssm_state"),
+             py::arg("commit"))
+        .def("moe", &LayerStack::moe, py::arg("i"), py::arg("x"), py::arg("prefetch") = false);
     m.def("moe", &py_moe, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("gate"), py::arg("up"),
           py::arg("down"), py::arg("gate_type"), py::arg("up_type"), py::arg("down_type"), py::kw_only(),
           py::arg("isa") = py::none());

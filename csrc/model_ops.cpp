@@ -391,14 +391,17 @@ void gdn_chunked_head(const ModelKernels& kr, const GdnHeadArgs& a) {
 
 void gated_delta_rule(const ModelKernels& kr, GdnMode mode, const float* q, const float* k, const float* v,
                       const float* g, const float* beta, float* state, int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
-                      int64_t dv, bool update_state, float* o) {
-    // q, k normalised once per key head (a key head serves Hv / Hk value heads).
+                      int64_t dv, bool update_state, float* o, int64_t qk_stride, int64_t v_stride) {
+    if (qk_stride == 0) qk_stride = Hk * dk;
+    if (v_stride == 0) v_stride = Hv * dv;
+    // q, k normalised once per key head (a key head serves Hv / Hk value heads), packed.
     std::vector<float> qn(T * Hk * dk), kn(T * Hk * dk);
     const float q_scale = 1.f / std::sqrt((float)dk);
     parallel_ranges(T * Hk, GRAIN_FLOATS / std::max<int64_t>(1, dk), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; r++) {
-            kr.l2_norm(q + r * dk, dk, q_scale, qn.data() + r * dk);
-            kr.l2_norm(k + r * dk, dk, 1.f, kn.data() + r * dk);
+            const int64_t in = (r / Hk) * qk_stride + (r % Hk) * dk;
+            kr.l2_norm(q + in, dk, q_scale, qn.data() + r * dk);
+            kr.l2_norm(k + in, dk, 1.f, kn.data() + r * dk);
         }
     });
     const bool recurrent = mode == GdnMode::Recurrent || (mode == GdnMode::Auto && T < kr.gdn_chunked_from);
@@ -415,7 +418,7 @@ void gated_delta_rule(const ModelKernels& kr, GdnMode mode, const float* q, cons
             std::memcpy(S, S_h, dk * dv * sizeof(float));
         }
         const GdnHeadArgs a{qn.data() + kh * dk, kn.data() + kh * dk, v + h * dv, g + h, beta + h, S, o + h * dv,
-                            T, dk, dv, Hk * dk, Hk * dk, Hv * dv, Hv, Hv * dv};
+                            T, dk, dv, Hk * dk, Hk * dk, v_stride, Hv, Hv * dv};
         if (recurrent)
             kr.gdn_recurrent(a);
         else

@@ -150,10 +150,12 @@ constexpr int64_t GDN_CHUNK = 64;
 // Gated delta rule (reference 4.5 / 4.6). q, k [T, Hk, dk]; v [T, Hv, dv]; g, beta [T, Hv];
 // state [Hv, dk, dv]; o [T, Hv, dv]. Value head h uses key head h % Hk (llama.cpp's tiled order).
 // q, k are L2-normalised here, q scaled by 1/sqrt(dk). update_state = false leaves state untouched.
-// Auto: the faster form for T tokens on this table (kr.gdn_chunked_from).
+// Auto: the faster form for T tokens on this table (kr.gdn_chunked_from). qk_stride, v_stride: floats
+// from one token's q (k) or v row to the next (0: packed, Hk * dk and Hv * dv), so q, k and v can be
+// read in place from the rows of the causal conv's output.
 void gated_delta_rule(const ModelKernels& kr, GdnMode mode, const float* q, const float* k, const float* v,
                       const float* g, const float* beta, float* state, int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
-                      int64_t dv, bool update_state, float* o);
+                      int64_t dv, bool update_state, float* o, int64_t qk_stride = 0, int64_t v_stride = 0);
 
 // Softmax over E (fp32), top-k by probability (ties: the lower expert index first), renormalised.
 void router_topk(const float* logits, int64_t T, int64_t E, int64_t k, int32_t* ids, float* weights);

@@ -187,3 +187,91 @@ def test_greedy_matches_transformers_generate(models):
     assert list(m.greedy(prompt, 0)) == []
     with pytest.raises(ValueError, match="context"):
         list(clover_cpu.load(d / "f32.gguf", ctx_len=10).greedy(prompt, 5))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fused_layers_equal_the_operator_path(models, name):
+    # Model.fused (csrc/layers.h: one C++ call per GDN mixer and per feed-forward, q/k/v read in place
+    # from the conv output) against the operator-by-operator Python path: the same bits, on every
+    # ISA (the reference table runs the chunked delta rule, the SIMD ones the recurrent), for committed,
+    # partly committed and speculative spans, one token and many
+    from clover_cpu import _core
+
+    hf, d = models[name]
+    ids = np.random.default_rng(5).integers(0, 512, 40)
+    active = clover_cpu.system_info()["isa"]
+    try:
+        for isa in clover_cpu.system_info()["available_isas"]:
+            _core.set_isa(isa)
+            for fmt in ("f32", "q8_0"):
+                m = clover_cpu.load(d / f"{fmt}.gguf")
+                runs = []
+                for fused in (False, True):
+                    m.fused = fused
+                    cache = m.new_cache()
+                    out = [m.run(cache, ids[:12], commit=True),  # prefill
+                           m.run(cache, ids[12:21], commit=4),  # a commit fused with the next step
+                           m.run(cache, ids[16:25], commit=False),  # speculative
+                           m.run(cache, ids[16:17], commit=True),  # one token
+                           m.run(cache, ids[17:40], commit=True)]
+                    states = [cache.ssm[i].copy() for i in sorted(cache.ssm)] + [cache.conv[i].copy() for i in sorted(cache.conv)]
+                    runs.append((out, states, m.last_experts_used))
+                (a, sa, na), (b, sb, nb) = runs
+                assert all(np.array_equal(x, y) for x, y in zip(a, b)), f"{name} {isa} {fmt}: logits"
+                assert len(sa) == len(sb) > 0 and all(np.array_equal(x, y) for x, y in zip(sa, sb)), f"{name} {isa} {fmt}: states"
+                assert na == nb
+    finally:
+        _core.set_isa(active)
+
+
+def test_layer_stack_rejects_bad_arguments(models):
+    hf, d = models["base"]
+    m = clover_cpu.load(d / "f32.gguf")
+    c = m.config
+    s = m._stack
+    gdn_layer = c.recurrent.index(True)
+    attn_layer = c.recurrent.index(False)
+    x = np.zeros((3, c.n_embd), np.float32)
+    conv, ssm = m.new_cache().gdn_state(gdn_layer, c)
+    with pytest.raises(ValueError, match="out of range"):
+        s.moe(c.n_layer, x)
+    with pytest.raises(ValueError, match="no GDN weights"):
+        s.gdn(attn_layer, x, conv, ssm, 3)
+    with pytest.raises(ValueError, match=r"x must be \[T, 64\]"):
+        s.moe(0, np.zeros((3, 65), np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        s.moe(0, x.astype(np.float64))
+    with pytest.raises(ValueError, match="writeable"):
+        ro = x.copy()
+        ro.flags.writeable = False
+        s.moe(0, ro)
+    with pytest.raises(ValueError, match="commit must be in"):
+        s.gdn(gdn_layer, x, conv, ssm, 4)
+    with pytest.raises(ValueError, match="ssm_state must be"):
+        s.gdn(gdn_layer, x, conv, ssm[:1].copy(), 3)
+    with pytest.raises(ValueError, match="conv_state must be"):
+        s.gdn(gdn_layer, x, conv[:, :5].copy(), ssm, 3)
+    L = m.layers[gdn_layer]
+    with pytest.raises(ValueError, match="attn_norm must have 64 values"):
+        s.set_gdn(gdn_layer, L["attn_norm"][:10].copy(), (L["qkv"].data, L["qkv"].fmt), (L["z"].data, L["z"].fmt),
+                  (L["alpha"].data, L["alpha"].fmt), (L["beta"].data, L["beta"].fmt),
+                  (L["ssm_out"].data, L["ssm_out"].fmt), L["conv"], L["dt_bias"], L["ssm_a"], L["ssm_norm"],
+                  c.n_k_heads, c.n_v_heads, c.k_head_dim, c.v_head_dim)
+    with pytest.raises(ValueError, match="qkv must have"):
+        s.set_gdn(gdn_layer, L["attn_norm"], (L["z"].data, L["z"].fmt), (L["z"].data, L["z"].fmt),
+                  (L["alpha"].data, L["alpha"].fmt), (L["beta"].data, L["beta"].fmt),
+                  (L["ssm_out"].data, L["ssm_out"].fmt), L["conv"], L["dt_bias"], L["ssm_a"], L["ssm_norm"],
+                  c.n_k_heads, c.n_v_heads, c.k_head_dim, c.v_head_dim)
+    # the refused calls changed nothing: the layer still equals the operator path
+    from clover_cpu.model import rmsnorm
+
+    x = np.random.default_rng(0).standard_normal((3, c.n_embd)).astype(np.float32)
+    cache = m.new_cache()
+    want = x + m._gated_deltanet(gdn_layer, L, rmsnorm(x, L["attn_norm"], c.eps), cache, 3)
+    conv, ssm = np.zeros_like(conv), np.zeros_like(ssm)
+    s.gdn(gdn_layer, x, conv, ssm, 3)
+    np.testing.assert_array_equal(x, want)
+    np.testing.assert_array_equal(ssm, cache.ssm[gdn_layer])
+    want = x + m._moe(L, rmsnorm(x, L["post_norm"], c.eps), False)
+    s.moe(gdn_layer, x)
+    np.testing.assert_array_equal(x, want)
