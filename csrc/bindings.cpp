@@ -307,12 +307,16 @@ py::tuple py_moe_block(const py::array& x, const py::object& router, int top_k, 
 }
 
 // The per-layer weights of a model, checked once at load, for the fused sub-layers (layers.h): the
-// Python forward then makes two calls per layer. The arrays (views of the mapped file) stay referenced.
+// Python forward then makes two calls per layer. The arrays it was given (views of the mapped file,
+// dequantized norms) stay referenced for its lifetime. set_gdn / set_moe are for loading: a layer set
+// again while another thread runs it would be read half-written.
 class LayerStack {
   public:
-    LayerStack(int64_t n_layer, int64_t H, float eps) : H_(H), eps_(eps), gdn_(n_layer), moe_(n_layer) {
-        if (n_layer < 1 || H < 1) fail("a layer stack needs n_layer >= 1 and H >= 1");
+    LayerStack(int64_t n_layer, int64_t H, float eps) : H_(H), eps_(eps) {
+        if (n_layer < 1 || n_layer > (1 << 20) || H < 1) fail("a layer stack needs 1 <= n_layer <= 2^20 and H >= 1");
         if (!(eps >= 0.f)) fail("eps must be >= 0");
+        gdn_.resize(n_layer);
+        moe_.resize(n_layer);
     }
 
     void set_gdn(int64_t i, const py::array& norm, const py::object& qkv, const py::object& z, const py::object& alpha,
@@ -390,10 +394,12 @@ class LayerStack {
         if (ssm_state.shape(0) != w.n_v_heads || ssm_state.shape(1) != w.dk || ssm_state.shape(2) != w.dv)
             fail("ssm_state must be [" + std::to_string(w.n_v_heads) + ", " + std::to_string(w.dk) + ", " +
                  std::to_string(w.dv) + "]");
-        if (!conv_state.writeable() || !ssm_state.writeable()) fail("the GDN states must be writeable");
+        if (commit > 0 && (!conv_state.writeable() || !ssm_state.writeable()))
+            fail("the GDN states must be writeable (a commit updates them)");
         if (commit < 0 || commit > T) fail("commit must be in [0, " + std::to_string(T) + "]");
         float* X = (float*)x.mutable_data();
-        float *Cs = (float*)conv_state.mutable_data(), *Ss = (float*)ssm_state.mutable_data();
+        // (read only when nothing is committed: the delta rule then works on a copy)
+        float *Cs = (float*)conv_state.data(), *Ss = (float*)ssm_state.data();
         if (T == 0) return;
         const Kernels& kr = active_kernels();
         py::gil_scoped_release nogil;

@@ -197,7 +197,18 @@ def test_fused_layers_equal_the_operator_path(models, name):
     # partly committed and speculative spans, one token and many
     from clover_cpu import _core
 
-    hf, d = models[name]
+    class Counting:  # the stack's calls, counted (to know which path ran)
+        def __init__(self, stack):
+            self.stack, self.calls = stack, 0
+
+        def __getattr__(self, attr):
+            def call(*a, **kw):
+                self.calls += 1
+                return getattr(self.stack, attr)(*a, **kw)
+
+            return call
+
+    _, d = models[name]
     ids = np.random.default_rng(5).integers(0, 512, 40)
     active = clover_cpu.system_info()["isa"]
     try:
@@ -205,9 +216,11 @@ def test_fused_layers_equal_the_operator_path(models, name):
             _core.set_isa(isa)
             for fmt in ("f32", "q8_0"):
                 m = clover_cpu.load(d / f"{fmt}.gguf")
+                m._stack = Counting(m._stack)
                 runs = []
                 for fused in (False, True):
                     m.fused = fused
+                    before = m._stack.calls
                     cache = m.new_cache()
                     out = [m.run(cache, ids[:12], commit=True),  # prefill
                            m.run(cache, ids[12:21], commit=4),  # a commit fused with the next step
@@ -216,16 +229,23 @@ def test_fused_layers_equal_the_operator_path(models, name):
                            m.run(cache, ids[17:40], commit=True)]
                     states = [cache.ssm[i].copy() for i in sorted(cache.ssm)] + [cache.conv[i].copy() for i in sorted(cache.conv)]
                     runs.append((out, states, m.last_experts_used))
+                    # five runs: a feed-forward call per layer and a mixer call per GDN layer, or none
+                    want = 5 * (m.config.n_layer + sum(m.config.recurrent)) if fused else 0
+                    assert m._stack.calls - before == want, f"LayerStack calls with fused={fused}"
                 (a, sa, na), (b, sb, nb) = runs
                 assert all(np.array_equal(x, y) for x, y in zip(a, b)), f"{name} {isa} {fmt}: logits"
-                assert len(sa) == len(sb) > 0 and all(np.array_equal(x, y) for x, y in zip(sa, sb)), f"{name} {isa} {fmt}: states"
+                assert len(sa) == len(sb) > 0, f"{name}: no GDN state"
+                assert all(np.array_equal(x, y) for x, y in zip(sa, sb)), f"{name} {isa} {fmt}: states"
                 assert na == nb
     finally:
         _core.set_isa(active)
 
 
 def test_layer_stack_rejects_bad_arguments(models):
-    hf, d = models["base"]
+    from clover_cpu import kernels
+    from clover_cpu.model import pair, rmsnorm
+
+    _, d = models["base"]
     m = clover_cpu.load(d / "f32.gguf")
     c = m.config
     s = m._stack
@@ -233,26 +253,45 @@ def test_layer_stack_rejects_bad_arguments(models):
     attn_layer = c.recurrent.index(False)
     x = np.zeros((3, c.n_embd), np.float32)
     conv, ssm = m.new_cache().gdn_state(gdn_layer, c)
+    for n_layer, H, eps in ((0, 64, 1e-6), (-1, 64, 1e-6), (4, 0, 1e-6), (4, 64, -1.0)):
+        with pytest.raises(ValueError, match="n_layer|eps"):
+            kernels.LayerStack(n_layer, H, eps)
     with pytest.raises(ValueError, match="out of range"):
         s.moe(c.n_layer, x)
     with pytest.raises(ValueError, match="no GDN weights"):
         s.gdn(attn_layer, x, conv, ssm, 3)
-    with pytest.raises(ValueError, match=r"x must be \[T, 64\]"):
-        s.moe(0, np.zeros((3, 65), np.float32))
+    with pytest.raises(ValueError, match=rf"x must be \[T, {c.n_embd}\]"):
+        s.moe(0, np.zeros((3, c.n_embd + 1), np.float32))
     with pytest.raises(ValueError, match="float32"):
         s.moe(0, x.astype(np.float64))
+    ro = x.copy()
+    ro.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
-        ro = x.copy()
-        ro.flags.writeable = False
         s.moe(0, ro)
     with pytest.raises(ValueError, match="commit must be in"):
         s.gdn(gdn_layer, x, conv, ssm, 4)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        s.gdn(gdn_layer, x, np.asfortranarray(conv), ssm, 3)
+    ro_ssm = ssm.copy()
+    ro_ssm.flags.writeable = False
+    with pytest.raises(ValueError, match="a commit updates them"):
+        s.gdn(gdn_layer, x, conv, ro_ssm, 3)
+    s.gdn(gdn_layer, np.zeros((3, c.n_embd), np.float32), conv, ro_ssm, 0)  # speculative: read only is fine
     with pytest.raises(ValueError, match="ssm_state must be"):
         s.gdn(gdn_layer, x, conv, ssm[:1].copy(), 3)
     with pytest.raises(ValueError, match="conv_state must be"):
         s.gdn(gdn_layer, x, conv[:, :5].copy(), ssm, 3)
     L = m.layers[gdn_layer]
-    with pytest.raises(ValueError, match="attn_norm must have 64 values"):
+    moe_args = [L["post_norm"], pair(L["router"]), L["gate_exps"].data, L["up_exps"].data, L["down_exps"].data,
+                L["gate_exps"].fmt, L["down_exps"].fmt, pair(L["gate_shexp"]), pair(L["up_shexp"]),
+                pair(L["down_shexp"]), pair(L["shexp_gate_inp"])]
+    with pytest.raises(ValueError, match="top_k must be in"):
+        s.set_moe(gdn_layer, *moe_args, c.n_expert + 1)
+    bad = list(moe_args)
+    bad[9] = pair(L["router"])  # down_sh [n_expert, H]: not [H, I]
+    with pytest.raises(ValueError, match="shared expert"):
+        s.set_moe(gdn_layer, *bad, c.n_expert_used)
+    with pytest.raises(ValueError, match=f"attn_norm must have {c.n_embd} values"):
         s.set_gdn(gdn_layer, L["attn_norm"][:10].copy(), (L["qkv"].data, L["qkv"].fmt), (L["z"].data, L["z"].fmt),
                   (L["alpha"].data, L["alpha"].fmt), (L["beta"].data, L["beta"].fmt),
                   (L["ssm_out"].data, L["ssm_out"].fmt), L["conv"], L["dt_bias"], L["ssm_a"], L["ssm_norm"],
@@ -263,8 +302,6 @@ def test_layer_stack_rejects_bad_arguments(models):
                   (L["ssm_out"].data, L["ssm_out"].fmt), L["conv"], L["dt_bias"], L["ssm_a"], L["ssm_norm"],
                   c.n_k_heads, c.n_v_heads, c.k_head_dim, c.v_head_dim)
     # the refused calls changed nothing: the layer still equals the operator path
-    from clover_cpu.model import rmsnorm
-
     x = np.random.default_rng(0).standard_normal((3, c.n_embd)).astype(np.float32)
     cache = m.new_cache()
     want = x + m._gated_deltanet(gdn_layer, L, rmsnorm(x, L["attn_norm"], c.eps), cache, 3)
@@ -272,6 +309,7 @@ def test_layer_stack_rejects_bad_arguments(models):
     s.gdn(gdn_layer, x, conv, ssm, 3)
     np.testing.assert_array_equal(x, want)
     np.testing.assert_array_equal(ssm, cache.ssm[gdn_layer])
+    np.testing.assert_array_equal(conv, cache.conv[gdn_layer])
     want = x + m._moe(L, rmsnorm(x, L["post_norm"], c.eps), False)
     s.moe(gdn_layer, x)
     np.testing.assert_array_equal(x, want)
