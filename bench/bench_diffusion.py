@@ -32,14 +32,32 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class StackProbe:
+    """Model._stack (the fused sub-layers) with each feed-forward's distinct experts passed to log."""
+
+    def __init__(self, stack, log):
+        self.stack, self.log = stack, log
+
+    def gdn(self, *a):
+        return self.stack.gdn(*a)
+
+    def moe(self, *a):
+        n = self.stack.moe(*a)
+        self.log(int(n))
+        return n
+
+
 class Recorder:
-    """Wraps Model.run, Model.logits and Model._moe: logs (positions, committed, context, rows of
-    the output head) per forward and the distinct experts each MoE layer touched; the time of an output
-    head applied after a run (the decoder computes only the rows it needs) counts to that run."""
+    """Wraps Model.run, Model.logits, and the feed-forwards (Model._stack.moe, or Model._moe on the
+    operator path): logs (positions, committed, context, rows of the output head) per forward and the
+    distinct experts each MoE layer touched; the time of an output head applied after a run (the decoder
+    computes only the rows it needs) counts to that run. close() puts the model back."""
 
     def __init__(self, model):
         self.model, self.calls, self._experts = model, [], []
         run, moe, head = model.run, model._moe, model.logits
+        self.stack = model._stack
+        model._stack = StackProbe(self.stack, lambda n: self._experts.append(n))
 
         def logged_run(cache, tokens, *, commit, block=None, logits=True):
             self._experts = []
@@ -67,6 +85,10 @@ class Recorder:
             return out
 
         model.run, model._moe, model.logits = logged_run, logged_moe, logged_head
+
+    def close(self):
+        del self.model.run, self.model._moe, self.model.logits  # the class methods again
+        self.model._stack = self.stack
 
 
 def load_eval_prompts(model, n: int):
@@ -98,7 +120,7 @@ def record(args) -> int:
         traces.append({"prompt_tokens": len(ids), "generated": out["generated_tokens"],
                        "forwards": [{"T": c["T"], "commit": c["commit"], "n": c["n"], "rows": c["rows"]}
                                     for c in rec.calls]})
-        del m.run, m._moe, m.logits  # the class methods again
+        rec.close()
         if args.window or args.reuse:  # agreement with exact (whole-block) decoding of the same prompt
             exact = m.generate_text(ids, max_new_tokens=args.new, threshold=args.threshold)["token_ids"]
             got = out["token_ids"]
