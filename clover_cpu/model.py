@@ -214,8 +214,9 @@ class Model:
         if prefetch not in PREFETCH_MODES:
             raise ValueError(f"prefetch must be one of {', '.join(PREFETCH_MODES)}")
         self.prefetch = prefetch
-        # True: each GDN mixer and each feed-forward runs as one C++ call (csrc/layers.h); False: the
-        # operator-by-operator Python code below (_gated_deltanet, _moe), the same results bit for bit.
+        # True: each token mixer (GDN or attention) and each feed-forward runs as one C++ call
+        # (csrc/layers.h); False: the operator-by-operator Python code below (_gated_deltanet, _attention,
+        # _moe), the same results bit for bit.
         self.fused = True
         self.file = GGUFFile(path)
         try:
@@ -325,7 +326,11 @@ class Model:
             self._stack.set_moe(i, L["post_norm"], pair(L["router"]), L["gate_exps"].data, L["up_exps"].data,
                                 L["down_exps"].data, L["gate_exps"].fmt, L["down_exps"].fmt, pair(L["gate_shexp"]),
                                 pair(L["up_shexp"]), pair(L["down_shexp"]), pair(L["shexp_gate_inp"]), c.n_expert_used)
-            if c.recurrent[i]:
+            if not c.recurrent[i]:
+                self._stack.set_attn(i, L["attn_norm"], pair(L["q"]), pair(L["k"]), pair(L["v"]), pair(L["o"]),
+                                     L["q_norm"], L["k_norm"], c.n_head, c.n_head_kv, c.head_dim, c.n_rot,
+                                     c.rope_theta)
+            else:
                 self._stack.set_gdn(i, L["attn_norm"], pair(L["qkv"]), pair(L["z"]), pair(L["alpha"]), pair(L["beta"]),
                                     pair(L["ssm_out"]), L["conv"], L["dt_bias"], L["ssm_a"], L["ssm_norm"],
                                     c.n_k_heads, c.n_v_heads, c.k_head_dim, c.v_head_dim)
@@ -434,6 +439,9 @@ class Model:
                 self._stack.gdn(i, x, *cache.gdn_state(i, c), commit)
             elif c.recurrent[i]:
                 x += self._gated_deltanet(i, L, rmsnorm(x, L["attn_norm"], c.eps), cache, commit)
+            elif fused:
+                cache.reserve(i, cache.n + ids.size, self.kv_row, self.kv_dtype)
+                self._stack.attn(i, x, cache.k[i], cache.v[i], cache.n, block)
             else:
                 x += self._attention(i, L, rmsnorm(x, L["attn_norm"], c.eps), pos, cache, commit, block)
             if fused:

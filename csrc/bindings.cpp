@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -316,6 +317,7 @@ class LayerStack {
         if (n_layer < 1 || n_layer > (1 << 20) || H < 1) fail("a layer stack needs 1 <= n_layer <= 2^20 and H >= 1");
         if (!(eps >= 0.f)) fail("eps must be >= 0");
         gdn_.resize(n_layer);
+        attn_.resize(n_layer);
         moe_.resize(n_layer);
     }
 
@@ -356,6 +358,38 @@ class LayerStack {
                                     py::object(ssm_a), py::object(ssm_norm)})
             keep_.push_back(o);
         gdn_[i] = w;
+    }
+
+    void set_attn(int64_t i, const py::array& norm, const py::object& q, const py::object& k, const py::object& v,
+                  const py::object& o, const py::array& q_norm, const py::array& k_norm, int64_t n_head,
+                  int64_t n_head_kv, int64_t D, int64_t n_rot, double theta) {
+        layer(i);
+        if (n_head_kv < 1 || D < 1 || n_head % n_head_kv)
+            fail("attention heads: n_head must be a multiple of n_head_kv >= 1, D >= 1");
+        if (n_rot < 0 || n_rot > D || n_rot % 2) fail("n_rot must be even and in [0, D]");
+        if (!(theta > 0.0) || !std::isfinite(theta)) fail("theta must be a positive finite number");
+        AttnWeights w;
+        w.norm = vec(norm, "attn_norm", H_);
+        w.q = weight_arg(q, "q");
+        w.k = weight_arg(k, "k");
+        w.v = weight_arg(v, "v");
+        w.o = weight_arg(o, "attn_output");
+        for (const WeightView* m : {&w.q, &w.k, &w.v})
+            if (m->k != H_) fail("q, k and v must take rows of " + std::to_string(H_));
+        if (w.q.rows != 2 * n_head * D || w.k.rows != n_head_kv * D || w.v.rows != n_head_kv * D)
+            fail("attention projections: q must have " + std::to_string(2 * n_head * D) + " rows (query and gate), k and v " +
+                 std::to_string(n_head_kv * D));
+        if (w.o.rows != H_ || w.o.k != n_head * D)
+            fail("attn_output must be [" + std::to_string(H_) + ", " + std::to_string(n_head * D) + "]");
+        w.q_norm = vec(q_norm, "q_norm", D);
+        w.k_norm = vec(k_norm, "k_norm", D);
+        w.n_head = n_head;
+        w.n_head_kv = n_head_kv;
+        w.D = D;
+        w.n_rot = n_rot;
+        w.theta = theta;
+        for (const py::object& a : {py::object(norm), q, k, v, o, py::object(q_norm), py::object(k_norm)}) keep_.push_back(a);
+        attn_[i] = w;
     }
 
     void set_moe(int64_t i, const py::array& norm, const py::object& router, const py::array& gate, const py::array& up,
@@ -406,6 +440,45 @@ class LayerStack {
         gdn_residual(kr, w, eps_, X, T, H_, Cs, Ss, commit);
     }
 
+    // x [T, H] += the attention mixer of layer i for positions n0 .. n0 + T - 1, whose keys and values go
+    // to rows [n0, n0 + T) of the caches; block: None for the causal mask, B for the block-causal one.
+    void attn(int64_t i, py::array x, py::array k_cache, py::array v_cache, int64_t n0, std::optional<int64_t> block) {
+        layer(i);
+        if (!attn_[i]) fail("layer " + std::to_string(i) + " has no attention weights");
+        const AttnWeights& w = *attn_[i];
+        const int64_t T = rows_of(x);
+        const py::dtype dt = k_cache.dtype();
+        KvType kv;
+        if (dt.is(py::dtype::of<float>()))
+            kv = KvType::F32;
+        else if (dt.is(py::dtype("float16")) || dt.is(py::dtype::of<uint16_t>()))
+            kv = KvType::F16;
+        else if (dt.is(py::dtype::of<uint8_t>()))
+            kv = KvType::Q8_0;
+        else
+            fail("k_cache must have dtype float32, float16 or uint8 (Q8_0 blocks), got " + std::string(py::str(dt)));
+        if (kv == KvType::Q8_0 && w.D % KV_Q8_BLOCK) fail("a Q8_0 KV cache needs a head dim that is a multiple of 32");
+        const int64_t width = kv == KvType::Q8_0 ? kv_head_bytes(kv, w.D) : w.D;
+        for (const py::array* c : {&k_cache, &v_cache}) {
+            if (!c->dtype().is(dt)) fail("k_cache and v_cache must have the same dtype");
+            if (c->ndim() != 3 || c->shape(1) != w.n_head_kv || c->shape(2) != width)
+                fail("the KV caches must be [S, " + std::to_string(w.n_head_kv) + ", " + std::to_string(width) + "]");
+            if (!(c->flags() & py::array::c_style)) fail("the KV caches must be C-contiguous");
+            if (!c->writeable()) fail("the KV caches must be writeable (the span's rows are written)");
+        }
+        if (k_cache.shape(0) != v_cache.shape(0)) fail("k_cache and v_cache must have the same rows");
+        if (n0 < 0 || n0 + T > k_cache.shape(0))
+            fail("rows [n0, n0 + T) must lie in the caches' " + std::to_string(k_cache.shape(0)) + " rows");
+        if (block && *block < 1) fail("block must be >= 1");
+        float* X = (float*)x.mutable_data();
+        void *K = k_cache.mutable_data(), *V = v_cache.mutable_data();
+        if (T == 0) return;
+        const Kernels& kr = active_kernels();
+        py::gil_scoped_release nogil;
+        attn_residual(kr, w, eps_, X, T, H_, kv, K, V, n0, block ? AttnMask::BlockCausal : AttnMask::Causal,
+                      block ? *block : 1);
+    }
+
     // x [T, H] += the feed-forward of layer i; returns the number of distinct routed experts used.
     int moe(int64_t i, py::array x, bool prefetch) {
         layer(i);
@@ -438,6 +511,7 @@ class LayerStack {
     int64_t H_;
     float eps_;
     std::vector<std::optional<GdnWeights>> gdn_;
+    std::vector<std::optional<AttnWeights>> attn_;
     std::vector<std::optional<MoeWeights>> moe_;
     std::vector<py::object> keep_;
 };
@@ -537,6 +611,11 @@ PYBIND11_MODULE(_core, m) {
              py::arg("up_sh"), py::arg("down_sh"), py::arg("shexp_gate"), py::arg("top_k"))
         .def("gdn", &LayerStack::gdn, py::arg("i"), py::arg("x"), py::arg("conv_state"), py::arg("ssm_state"),
              py::arg("commit"))
+        .def("set_attn", &LayerStack::set_attn, py::arg("i"), py::arg("norm"), py::arg("q"), py::arg("k"), py::arg("v"),
+             py::arg("o"), py::arg("q_norm"), py::arg("k_norm"), py::arg("n_head"), py::arg("n_head_kv"), py::arg("D"),
+             py::arg("n_rot"), py::arg("theta"))
+        .def("attn", &LayerStack::attn, py::arg("i"), py::arg("x"), py::arg("k_cache"), py::arg("v_cache"), py::arg("n0"),
+             py::arg("block") = py::none())
         .def("moe", &LayerStack::moe, py::arg("i"), py::arg("x"), py::arg("prefetch") = false);
     m.def("moe", &py_moe, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("gate"), py::arg("up"),
           py::arg("down"), py::arg("gate_type"), py::arg("up_type"), py::arg("down_type"), py::kw_only(),

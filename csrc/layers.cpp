@@ -1,6 +1,11 @@
 #include "layers.h"
 
+#include <cmath>
+#include <cstring>
+
+#include "formats.h"
 #include "model_ops.h"
+#include "quants.h"
 #include "scratch.h"
 
 namespace clover {
@@ -55,9 +60,56 @@ void gdn_residual(const Kernels& kr, const GdnWeights& w, float eps, float* x, i
     add_into(x, out.get(), T * H);
 }
 
+void attn_residual(const Kernels& kr, const AttnWeights& w, float eps, float* x, int64_t T, int64_t H, KvType kv,
+                   void* k_cache, void* v_cache, int64_t n0, AttnMask mask, int64_t block_length) {
+    const ModelKernels& mk = model_kernels_of(kr);
+    const int64_t Hq = w.n_head, Hkv = w.n_head_kv, D = w.D, QD = Hq * D, KD = Hkv * D;
+    const Scratch<float, 13> h(T * H);
+    const Scratch<float, 14> qg(T * 2 * QD);
+    const Scratch<float, 15> kx(T * KD);
+    const Scratch<float, 16> vr(T * KD);
+    const Scratch<float, 17> q(T * QD);
+    const Scratch<float, 18> gate(T * QD);
+    const Scratch<float, 19> kn(T * KD);
+    const Scratch<float, 20> o(T * QD);
+    const Scratch<float, 23> qn(T * QD);
+    const Scratch<float, 21> out(T * H);
+    const Scratch<int32_t, 22> pos(T);
+    rms_norm(mk, x, w.norm, T, H, eps, h.get());
+    const WeightView ws[3] = {w.q, w.k, w.v};
+    float* const ys[3] = {qg.get(), kx.get(), vr.get()};
+    matmul_many(kr, ws, 3, h.get(), T, ys);
+    for (int64_t r = 0; r < T * Hq; r++) {  // per head: [query | gate]
+        std::memcpy(q.get() + r * D, qg.get() + r * 2 * D, D * sizeof(float));
+        std::memcpy(gate.get() + r * D, qg.get() + r * 2 * D + D, D * sizeof(float));
+    }
+    for (int64_t t = 0; t < T; t++) pos.get()[t] = (int32_t)(n0 + t);
+    rms_norm(mk, q.get(), w.q_norm, T * Hq, D, eps, qn.get());
+    rope_neox(qn.get(), pos.get(), T, Hq, D, w.n_rot, w.theta);
+    rms_norm(mk, kx.get(), w.k_norm, T * Hkv, D, eps, kn.get());
+    rope_neox(kn.get(), pos.get(), T, Hkv, D, w.n_rot, w.theta);
+    // the span's keys and values into cache rows [n0, n0 + T)
+    const int64_t row = Hkv * kv_head_bytes(kv, D);
+    uint8_t* const K = (uint8_t*)k_cache + n0 * row;
+    uint8_t* const V = (uint8_t*)v_cache + n0 * row;
+    for (const auto& [src, dst] : {std::pair<const float*, uint8_t*>{kn.get(), K}, {vr.get(), V}}) {
+        if (kv == KvType::F32) {
+            std::memcpy(dst, src, T * KD * sizeof(float));
+        } else if (kv == KvType::F16) {
+            for (int64_t i = 0; i < T * KD; i++) ((uint16_t*)dst)[i] = f32_to_fp16(src[i]);
+        } else {
+            quantize_rows(Type::Q8_0, src, dst, T * Hkv, D);
+        }
+    }
+    attention(mk, qn.get(), k_cache, v_cache, kv, pos.get(), gate.get(), T, Hq, Hkv, D, n0 + T, mask, block_length,
+              1.f / std::sqrt((float)D), o.get());
+    matmul(kr, w.o, o.get(), T, out.get());
+    add_into(x, out.get(), T * H);
+}
+
 int moe_residual(const Kernels& kr, const MoeWeights& w, float eps, float* x, int64_t T, int64_t H, bool prefetch) {
     const Scratch<float, 11> h(T * H);
-    const Scratch<float, 12> out(T * H);
+    const Scratch<float, 12> out(T * H);  // (tags 13-23: attn_residual)
     rms_norm(model_kernels_of(kr), x, w.norm, T, H, eps, h.get());
     const int n_used = moe_block(kr, h.get(), T, w.router, w.top_k, w.gate, w.up, w.down, w.gate_sh, w.up_sh,
                                  w.down_sh, w.shexp_gate, out.get(), prefetch);

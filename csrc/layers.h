@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "model_ops.h"
 #include "ops.h"
 
 namespace clover {
@@ -22,6 +23,16 @@ struct GdnWeights {
     int64_t n_k_heads, n_v_heads, dk, dv;
 };
 
+// A gated attention layer's token mixer (reference qwen35moe-forward.md section 3).
+struct AttnWeights {
+    const float* norm;             // attn_norm [H]
+    WeightView q, k, v;            // [n_head * 2D (per head: query | gate) | n_head_kv * D | n_head_kv * D, H]
+    WeightView o;                  // attn_output [H, n_head * D]
+    const float *q_norm, *k_norm;  // [D]
+    int64_t n_head, n_head_kv, D, n_rot;
+    double theta;
+};
+
 // A layer's feed-forward: routed experts plus the gated shared expert (moe_block).
 struct MoeWeights {
     const float* norm;  // post_attention_norm [H]
@@ -36,6 +47,13 @@ struct MoeWeights {
 // there without writing them (a speculative span), as the Python layer's two spans.
 void gdn_residual(const Kernels& kr, const GdnWeights& w, float eps, float* x, int64_t T, int64_t H,
                   float* conv_state, float* ssm_state, int64_t commit);
+
+// x[T, H] += o(attention(rope(norm(q)), rope(norm(k)), v) * sigmoid(gate)) of rms_norm(x), the T tokens
+// at positions n0 .. n0 + T - 1. Their keys and values are written to cache rows [n0, n0 + T) (kv:
+// the caches' element type; rows of n_head_kv heads, kv_head_bytes each), which must exist; the
+// queries see rows [0, n0 + T) under `mask` (block_length for the block-causal one).
+void attn_residual(const Kernels& kr, const AttnWeights& w, float eps, float* x, int64_t T, int64_t H, KvType kv,
+                   void* k_cache, void* v_cache, int64_t n0, AttnMask mask, int64_t block_length);
 
 // x[T, H] += moe_block(rms_norm(x)); returns the number of distinct routed experts used.
 int moe_residual(const Kernels& kr, const MoeWeights& w, float eps, float* x, int64_t T, int64_t H, bool prefetch);

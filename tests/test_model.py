@@ -191,10 +191,11 @@ def test_greedy_matches_transformers_generate(models):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_fused_layers_equal_the_operator_path(models, name):
-    # Model.fused (csrc/layers.h: one C++ call per GDN mixer and per feed-forward, q/k/v read in place
-    # from the conv output) against the operator-by-operator Python path: the same bits, on every
-    # ISA (the reference table runs the chunked delta rule, the SIMD ones the recurrent), for committed,
-    # partly committed and speculative spans, one token and many
+    # Model.fused (csrc/layers.h: one C++ call per token mixer and per feed-forward; the GDN's q/k/v read
+    # in place from the conv output) against the operator-by-operator Python path: the same bits, logits
+    # and every cache (GDN states, F32 / F16 / Q8_0 KV rows), on every ISA (the reference table runs the
+    # chunked delta rule, the SIMD ones the recurrent), for committed, partly committed and speculative
+    # spans, one token and many
     from clover_cpu import _core
 
     class Counting:  # the stack's calls, counted (to know which path ran)
@@ -214,8 +215,12 @@ def test_fused_layers_equal_the_operator_path(models, name):
     try:
         for isa in clover_cpu.system_info()["available_isas"]:
             _core.set_isa(isa)
-            for fmt in ("f32", "q8_0"):
-                m = clover_cpu.load(d / f"{fmt}.gguf")
+            for fmt, kv in (("f32", "f32"), ("f32", "q8_0"), ("q8_0", "f16")):
+                try:
+                    m = clover_cpu.load(d / f"{fmt}.gguf", kv_type=kv)
+                except ValueError as e:  # (a Q8_0 cache needs a head dim that is a multiple of 32)
+                    assert "multiple of 32" in str(e)
+                    continue
                 m._stack = Counting(m._stack)
                 runs = []
                 for fused in (False, True):
@@ -227,15 +232,15 @@ def test_fused_layers_equal_the_operator_path(models, name):
                            m.run(cache, ids[16:25], commit=False),  # speculative
                            m.run(cache, ids[16:17], commit=True),  # one token
                            m.run(cache, ids[17:40], commit=True)]
-                    states = [cache.ssm[i].copy() for i in sorted(cache.ssm)] + [cache.conv[i].copy() for i in sorted(cache.conv)]
+                    states = [a[i].copy() for a in (cache.ssm, cache.conv, cache.k, cache.v) for i in sorted(a)]
                     runs.append((out, states, m.last_experts_used))
-                    # five runs: a feed-forward call per layer and a mixer call per GDN layer, or none
-                    want = 5 * (m.config.n_layer + sum(m.config.recurrent)) if fused else 0
+                    # five runs: a mixer call and a feed-forward call per layer, or none
+                    want = 10 * m.config.n_layer if fused else 0
                     assert m._stack.calls - before == want, f"LayerStack calls with fused={fused}"
                 (a, sa, na), (b, sb, nb) = runs
-                assert all(np.array_equal(x, y) for x, y in zip(a, b)), f"{name} {isa} {fmt}: logits"
+                assert all(np.array_equal(x, y) for x, y in zip(a, b)), f"{name} {isa} {fmt} {kv}: logits"
                 assert len(sa) == len(sb) > 0, f"{name}: no GDN state"
-                assert all(np.array_equal(x, y) for x, y in zip(sa, sb)), f"{name} {isa} {fmt}: states"
+                assert all(np.array_equal(x, y) for x, y in zip(sa, sb)), f"{name} {isa} {fmt} {kv}: caches"
                 assert na == nb
     finally:
         _core.set_isa(active)
@@ -260,6 +265,18 @@ def test_layer_stack_rejects_bad_arguments(models):
         s.moe(c.n_layer, x)
     with pytest.raises(ValueError, match="no GDN weights"):
         s.gdn(attn_layer, x, conv, ssm, 3)
+    with pytest.raises(ValueError, match="no attention weights"):
+        s.attn(gdn_layer, x, np.zeros((8, c.n_head_kv, c.head_dim), np.float16),
+               np.zeros((8, c.n_head_kv, c.head_dim), np.float16), 0)
+    kc = np.zeros((8, c.n_head_kv, c.head_dim), np.float16)
+    with pytest.raises(ValueError, match="must lie in the caches"):
+        s.attn(attn_layer, x, kc, kc.copy(), 6)
+    with pytest.raises(ValueError, match="the KV caches must be"):
+        s.attn(attn_layer, x, kc[:, :, :8].copy(), kc[:, :, :8].copy(), 0)
+    with pytest.raises(ValueError, match="same dtype"):
+        s.attn(attn_layer, x, kc, kc.astype(np.float32), 0)
+    with pytest.raises(ValueError, match="block must be"):
+        s.attn(attn_layer, x, kc, kc.copy(), 0, 0)
     with pytest.raises(ValueError, match=rf"x must be \[T, {c.n_embd}\]"):
         s.moe(0, np.zeros((3, c.n_embd + 1), np.float32))
     with pytest.raises(ValueError, match="float32"):
