@@ -38,8 +38,8 @@ class StackProbe:
     def __init__(self, stack, log):
         self.stack, self.log = stack, log
 
-    def gdn(self, *a):
-        return self.stack.gdn(*a)
+    def __getattr__(self, name):  # the token mixers (gdn, attn) as they are
+        return getattr(self.stack, name)
 
     def moe(self, *a):
         n = self.stack.moe(*a)

@@ -143,7 +143,7 @@ def main() -> int:
           "(of the operator-by-operator path)")
     for T in [int(x) for x in a.tokens.split(",")]:
         ids = rng.integers(0, c.vocab_size, T)
-        # the speed: the model as it runs (GDN mixers and feed-forwards fused, one C++ call each)
+        # the speed: the model as it runs (token mixers and feed-forwards fused, one C++ call each)
         dt = timed(lambda: m.run(cache, ids, commit=False, block=block))
         # the shares: the operator-by-operator path (Model.fused = False, the same results), whose calls
         # the profile can see one by one

@@ -62,8 +62,10 @@ def moe_block(x, router, top_k, gate, up, down, gate_fmt, down_fmt, gate_sh, up_
 
 
 # A model's per-layer weights, checked once, for the fused sub-layers: LayerStack(n_layer, H, eps);
-# .set_gdn(i, ...) / .set_moe(i, ...) at load, then per forward .gdn(i, x, conv_state, ssm_state, commit)
-# (x += the GDN mixer of rms_norm(x)) and .moe(i, x, prefetch) (x += moe_block(rms_norm(x)); returns the
+# .set_gdn(i, ...) / .set_attn(i, ...) / .set_moe(i, ...) at load, then per forward
+# .gdn(i, x, conv_state, ssm_state, commit) (x += the GDN mixer of rms_norm(x)),
+# .attn(i, x, k_cache, v_cache, n0, block) (x += the attention mixer; the span's keys and values written
+# to cache rows [n0, n0 + T)) and .moe(i, x, prefetch) (x += moe_block(rms_norm(x)); returns the
 # distinct experts used), x updated in place (csrc/layers.h).
 LayerStack = _core.LayerStack
 

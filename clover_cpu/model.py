@@ -11,6 +11,7 @@ them), so a block-diffusion decoder can denoise a block many times and commit it
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass, field
 
@@ -428,6 +429,10 @@ class Model:
             cache.capacity_limit = self.ctx_len
         if cache.n + ids.size > cache.capacity_limit:
             raise ValueError(f"context full: {cache.n + ids.size} tokens exceed the context length {cache.capacity_limit}")
+        if block is not None:
+            block = operator.index(block)
+            if block < 1:
+                raise ValueError(f"block must be >= 1, got {block}")
         commit = ids.size if commit is True else int(commit)
         if not 0 <= commit <= ids.size:
             raise ValueError(f"commit must be between 0 and {ids.size}")

@@ -16,6 +16,8 @@
 namespace py = pybind11;
 using namespace clover;
 
+KvType kv_type_of(const py::dtype& dt);  // below
+
 namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw py::value_error(msg); }
@@ -141,16 +143,7 @@ py::array_t<float> py_attention(const py::array& q, const py::array& k_cache, co
     const ModelKernels& kr = kernels_arg(isa);
     check_f32(q, "q", 3);
     const py::dtype kv_dt = k_cache.dtype();
-    KvType kv;
-    if (kv_dt.is(py::dtype::of<float>()))
-        kv = KvType::F32;
-    else if (kv_dt.is(py::dtype("float16")) || kv_dt.is(py::dtype::of<uint16_t>()))
-        kv = KvType::F16;
-    else if (kv_dt.is(py::dtype::of<uint8_t>()))
-        kv = KvType::Q8_0;
-    else
-        fail("k_cache must have dtype float32, float16, uint16 (float16 bits) or uint8 (Q8_0 blocks), got " +
-             std::string(py::str(kv_dt)));
+    const KvType kv = kv_type_of(kv_dt);
     check(k_cache, "k_cache", 3, kv_dt, "float32/float16/uint16/uint8");
     check(v_cache, "v_cache", 3, kv_dt, ("the dtype of k_cache (" + std::string(py::str(kv_dt)) + ")").c_str());
     same_shape(k_cache, v_cache, "k_cache", "v_cache");
@@ -331,6 +324,15 @@ py::tuple py_gdn_gates(const py::array& a, const py::array& b, const py::array& 
 }
 
 }  // namespace
+
+// The KV cache element type a k_cache dtype holds (LayerStack in bindings.cpp checks its caches with it too).
+KvType kv_type_of(const py::dtype& dt) {
+    if (dt.is(py::dtype::of<float>())) return KvType::F32;
+    if (dt.is(py::dtype("float16")) || dt.is(py::dtype::of<uint16_t>())) return KvType::F16;
+    if (dt.is(py::dtype::of<uint8_t>())) return KvType::Q8_0;
+    fail("k_cache must have dtype float32, float16, uint16 (float16 bits) or uint8 (Q8_0 blocks), got " +
+         std::string(py::str(dt)));
+}
 
 void bind_model_ops(py::module_& m) {
     m.def("rms_norm", &py_rms_norm, py::arg("x"), py::arg("w"), py::arg("eps"), py::arg("out") = py::none(),

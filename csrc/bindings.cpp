@@ -26,6 +26,7 @@ namespace py = pybind11;
 using namespace clover;
 
 void bind_model_ops(py::module_& m);  // bind_model_ops.cpp
+KvType kv_type_of(const py::dtype& dt);  // bind_model_ops.cpp: a KV cache's element type, or ValueError
 
 namespace {
 
@@ -309,8 +310,8 @@ py::tuple py_moe_block(const py::array& x, const py::object& router, int top_k, 
 
 // The per-layer weights of a model, checked once at load, for the fused sub-layers (layers.h): the
 // Python forward then makes two calls per layer. The arrays it was given (views of the mapped file,
-// dequantized norms) stay referenced for its lifetime. set_gdn / set_moe are for loading: a layer set
-// again while another thread runs it would be read half-written.
+// dequantized norms) stay referenced for its lifetime. set_gdn / set_attn / set_moe are for loading: a
+// layer set again while another thread runs it would be read half-written.
 class LayerStack {
   public:
     LayerStack(int64_t n_layer, int64_t H, float eps) : H_(H), eps_(eps) {
@@ -448,15 +449,7 @@ class LayerStack {
         const AttnWeights& w = *attn_[i];
         const int64_t T = rows_of(x);
         const py::dtype dt = k_cache.dtype();
-        KvType kv;
-        if (dt.is(py::dtype::of<float>()))
-            kv = KvType::F32;
-        else if (dt.is(py::dtype("float16")) || dt.is(py::dtype::of<uint16_t>()))
-            kv = KvType::F16;
-        else if (dt.is(py::dtype::of<uint8_t>()))
-            kv = KvType::Q8_0;
-        else
-            fail("k_cache must have dtype float32, float16 or uint8 (Q8_0 blocks), got " + std::string(py::str(dt)));
+        const KvType kv = kv_type_of(dt);
         if (kv == KvType::Q8_0 && w.D % KV_Q8_BLOCK) fail("a Q8_0 KV cache needs a head dim that is a multiple of 32");
         const int64_t width = kv == KvType::Q8_0 ? kv_head_bytes(kv, w.D) : w.D;
         for (const py::array* c : {&k_cache, &v_cache}) {
@@ -467,7 +460,7 @@ class LayerStack {
             if (!c->writeable()) fail("the KV caches must be writeable (the span's rows are written)");
         }
         if (k_cache.shape(0) != v_cache.shape(0)) fail("k_cache and v_cache must have the same rows");
-        if (n0 < 0 || n0 + T > k_cache.shape(0))
+        if (n0 < 0 || n0 > k_cache.shape(0) - T || n0 + T > INT32_MAX)
             fail("rows [n0, n0 + T) must lie in the caches' " + std::to_string(k_cache.shape(0)) + " rows");
         if (block && *block < 1) fail("block must be >= 1");
         float* X = (float*)x.mutable_data();

@@ -231,7 +231,7 @@ def test_fused_layers_equal_the_operator_path(models, name):
                            m.run(cache, ids[12:21], commit=4),  # a commit fused with the next step
                            m.run(cache, ids[16:25], commit=False),  # speculative
                            m.run(cache, ids[16:17], commit=True),  # one token
-                           m.run(cache, ids[17:40], commit=True)]
+                           m.run(cache, ids[17:40], commit=True, block=4)]  # block-causal, from mid-block
                     states = [a[i].copy() for a in (cache.ssm, cache.conv, cache.k, cache.v) for i in sorted(a)]
                     runs.append((out, states, m.last_experts_used))
                     # five runs: a mixer call and a feed-forward call per layer, or none
@@ -277,6 +277,28 @@ def test_layer_stack_rejects_bad_arguments(models):
         s.attn(attn_layer, x, kc, kc.astype(np.float32), 0)
     with pytest.raises(ValueError, match="block must be"):
         s.attn(attn_layer, x, kc, kc.copy(), 0, 0)
+    with pytest.raises(ValueError, match="must lie in the caches"):
+        s.attn(attn_layer, x, kc, kc.copy(), 2**63 - 2)  # (n0 + T would overflow)
+    with pytest.raises(ValueError, match="writeable"):
+        ro_kc = kc.copy()
+        ro_kc.flags.writeable = False
+        s.attn(attn_layer, x, ro_kc, ro_kc.copy(), 0)
+    with pytest.raises(ValueError, match="k_cache must have dtype"):
+        s.attn(attn_layer, x, kc.astype(np.float64), kc.astype(np.float64), 0)
+    with pytest.raises(ValueError, match="n_rot"):
+        La = m.layers[attn_layer]
+        s.set_attn(attn_layer, La["attn_norm"], pair(La["q"]), pair(La["k"]), pair(La["v"]), pair(La["o"]),
+                   La["q_norm"], La["k_norm"], c.n_head, c.n_head_kv, c.head_dim, 3, c.rope_theta)
+    # a bad block is refused before any layer runs: the caches stay as they were
+    cache = m.new_cache()
+    m.run(cache, [1, 2, 3], commit=True)
+    snap = cache.snapshot()
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="block must be >= 1"):
+            m.run(cache, [4, 5], commit=True, block=bad)
+    with pytest.raises(TypeError):
+        m.run(cache, [4, 5], commit=True, block=4.0)
+    assert cache.n == snap.n and all(np.array_equal(cache.ssm[i], snap.ssm[i]) for i in cache.ssm)
     with pytest.raises(ValueError, match=rf"x must be \[T, {c.n_embd}\]"):
         s.moe(0, np.zeros((3, c.n_embd + 1), np.float32))
     with pytest.raises(ValueError, match="float32"):
