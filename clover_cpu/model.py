@@ -438,21 +438,22 @@ class Model:
             raise ValueError(f"commit must be between 0 and {ids.size}")
         pos = np.arange(cache.n, cache.n + ids.size, dtype=np.int32)
         x = kernels.dequantize(np.ascontiguousarray(self.embed.data[ids]), self.embed.fmt)
-        prefetch, fused = self._prefetching, self.fused
+        prefetch = self._prefetching
         for i, L in enumerate(self.layers):
-            if c.recurrent[i] and fused:
-                self._stack.gdn(i, x, *cache.gdn_state(i, c), commit)
-            elif c.recurrent[i]:
-                x += self._gated_deltanet(i, L, rmsnorm(x, L["attn_norm"], c.eps), cache, commit)
-            elif fused:
-                cache.reserve(i, cache.n + ids.size, self.kv_row, self.kv_dtype)
-                self._stack.attn(i, x, cache.k[i], cache.v[i], cache.n, block)
-            else:
-                x += self._attention(i, L, rmsnorm(x, L["attn_norm"], c.eps), pos, cache, commit, block)
-            if fused:
+            if self.fused:  # x updated in place, two C++ calls
+                if c.recurrent[i]:
+                    self._stack.gdn(i, x, *cache.gdn_state(i, c), commit)
+                else:
+                    cache.reserve(i, cache.n + ids.size, self.kv_row, self.kv_dtype)
+                    self._stack.attn(i, x, cache.k[i], cache.v[i], cache.n, block)
                 self.last_experts_used = self._stack.moe(i, x, prefetch)
+                continue
+            h = rmsnorm(x, L["attn_norm"], c.eps)
+            if c.recurrent[i]:
+                x += self._gated_deltanet(i, L, h, cache, commit)
             else:
-                x += self._moe(L, rmsnorm(x, L["post_norm"], c.eps), prefetch)
+                x += self._attention(i, L, h, pos, cache, commit, block)
+            x += self._moe(L, rmsnorm(x, L["post_norm"], c.eps), prefetch)
         self._update_prefetch()
         cache.n += commit
         cache.tokens.extend(int(t) for t in ids[:commit])

@@ -10,6 +10,9 @@
 
 namespace clover {
 
+// Buffers: a Scratch tag is one per-thread buffer kept between calls. The three sub-layers never run
+// inside one another, so each numbers its buffers from 0 and they share that memory (the largest use
+// of each tag).
 namespace {
 void add_into(float* x, const float* y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
@@ -21,7 +24,6 @@ void gdn_residual(const Kernels& kr, const GdnWeights& w, float eps, float* x, i
     const ModelKernels& mk = model_kernels_of(kr);
     const int64_t Hv = w.n_v_heads, Hk = w.n_k_heads, dk = w.dk, dv = w.dv;
     const int64_t C = w.qkv.rows, key_dim = Hk * dk, value_dim = Hv * dv;
-    // (one tag per buffer: a tag is one per-thread buffer)
     const Scratch<float, 0> h(T * H);
     const Scratch<float, 1> qkv(T * C);
     const Scratch<float, 2> z(T * value_dim);
@@ -64,17 +66,17 @@ void attn_residual(const Kernels& kr, const AttnWeights& w, float eps, float* x,
                    void* k_cache, void* v_cache, int64_t n0, AttnMask mask, int64_t block_length) {
     const ModelKernels& mk = model_kernels_of(kr);
     const int64_t Hq = w.n_head, Hkv = w.n_head_kv, D = w.D, QD = Hq * D, KD = Hkv * D;
-    const Scratch<float, 13> h(T * H);
-    const Scratch<float, 14> qg(T * 2 * QD);
-    const Scratch<float, 15> kx(T * KD);
-    const Scratch<float, 16> vr(T * KD);
-    const Scratch<float, 17> q(T * QD);
-    const Scratch<float, 18> gate(T * QD);
-    const Scratch<float, 19> kn(T * KD);
-    const Scratch<float, 20> o(T * QD);
-    const Scratch<float, 23> qn(T * QD);
-    const Scratch<float, 21> out(T * H);
-    const Scratch<int32_t, 22> pos(T);
+    const Scratch<float, 0> h(T * H);
+    const Scratch<float, 1> qg(T * 2 * QD);
+    const Scratch<float, 2> kx(T * KD);
+    const Scratch<float, 3> vr(T * KD);
+    const Scratch<float, 4> q(T * QD);
+    const Scratch<float, 5> gate(T * QD);
+    const Scratch<float, 6> kn(T * KD);
+    const Scratch<float, 7> o(T * QD);
+    const Scratch<float, 8> qn(T * QD);
+    const Scratch<float, 9> out(T * H);
+    const Scratch<int32_t, 0> pos(T);
     rms_norm(mk, x, w.norm, T, H, eps, h.get());
     const WeightView ws[3] = {w.q, w.k, w.v};
     float* const ys[3] = {qg.get(), kx.get(), vr.get()};
@@ -108,8 +110,8 @@ void attn_residual(const Kernels& kr, const AttnWeights& w, float eps, float* x,
 }
 
 int moe_residual(const Kernels& kr, const MoeWeights& w, float eps, float* x, int64_t T, int64_t H, bool prefetch) {
-    const Scratch<float, 11> h(T * H);
-    const Scratch<float, 12> out(T * H);  // (tags 13-23: attn_residual)
+    const Scratch<float, 0> h(T * H);
+    const Scratch<float, 1> out(T * H);
     rms_norm(model_kernels_of(kr), x, w.norm, T, H, eps, h.get());
     const int n_used = moe_block(kr, h.get(), T, w.router, w.top_k, w.gate, w.up, w.down, w.gate_sh, w.up_sh,
                                  w.down_sh, w.shexp_gate, out.get(), prefetch);

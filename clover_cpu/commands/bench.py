@@ -263,22 +263,22 @@ def ratios_of(runs: dict, results: dict, tests: list[str], paired: bool) -> tupl
     return ratios, round_ratios
 
 
-def table(results: dict, tests: list[str], ratios: dict | None = None) -> str:
-    """The tokens/s of both engines per test and their ratio: `ratios` where given (--interleave: the
-    median of each round's paired ratio), else the ratio of the two medians."""
+def table(results: dict, tests: list[str], ratios: dict) -> str:
+    """The tokens/s of both engines per test and peak RSS, with ratios_of's ratios ("-" where none)."""
     c, l = results.get("clover"), results.get("llama")
+
+    def ratio(key):
+        return f"{ratios[key]:6.2f}x" if ratios.get(key) else "      -"
+
     lines = [f"{'test':8s} {'llama.cpp':>12s} {'clover-cpu':>12s} {'ratio':>7s}"]
     for t in tests:
         cv = c["tokens_per_second"].get(t) if c else None
         lv = l["tokens_per_second"].get(t) if l else None
-        r = ratios.get(t) if ratios else (cv / lv if cv and lv else None)
-        ratio = f"{r:6.2f}x" if r else "      -"
         fmt = lambda v: f"{v:8.2f} t/s" if v is not None else f"{'-':>12s}"  # noqa: E731
-        lines.append(f"{t:8s} {fmt(lv)} {fmt(cv)} {ratio}")
+        lines.append(f"{t:8s} {fmt(lv)} {fmt(cv)} {ratio(t)}")
     cr, lr = (c or {}).get("peak_rss_gb"), (l or {}).get("peak_rss_gb")
-    ratio = f"{cr / lr:6.2f}x" if cr and lr else "      -"
     fmt = lambda v: f"{v:9.2f} GB" if v is not None else f"{'-':>12s}"  # noqa: E731
-    lines.append(f"{'peak RSS':8s} {fmt(lr)} {fmt(cr)} {ratio}")
+    lines.append(f"{'peak RSS':8s} {fmt(lr)} {fmt(cr)} {ratio('peak_rss')}")
     return "\n".join(lines)
 
 
