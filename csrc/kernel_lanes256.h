@@ -135,14 +135,15 @@ struct KindQ45KV : GroupedRows8 {
         u->mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hdr, 8))),
                                 _mm256_set1_ps(-_cvtsh_ss(w->dmin)));
     }
-    // One weight row against RN tokens (token t: x[t * nb + b]) -> part[t * ROWS].
+    // One weight row against RN tokens (token t: x[t * xs + b]) -> part[t * ROWS].
     template <int RN, Rows R>
-    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part, const KSpan& ks) {
+        const int64_t xs = ks.stride;  // between one token's (entry's) activations and the next's
         constexpr int CHAIN = std::min(8, Dot::chain(QMAX));
         const Block* w = (const Block*)row;
         U local;
         __m256 acc[RN];
-        for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
+        for (int t = 0; t < RN; t++) acc[t] = ks.first ? _mm256_setzero_ps() : part[t * ROWS];
         for (int64_t b = 0; b < nb; b++, w++) {
             const U* ub = row_block<KindQ45KV, R>(w, u + b, &local);
             __m256i v[RN];
@@ -153,12 +154,12 @@ struct KindQ45KV : GroupedRows8 {
                 for (int c = c0; c < c0 + CHAIN; c++) {
                     const __m256i q = _mm256_load_si256(&ub->q[c]);
                     for (int t = 0; t < RN; t++)
-                        s[t] = Dot::dot(s[t], q, _mm256_load_si256((const __m256i*)(x[t * nb + b].q + 32 * c)));
+                        s[t] = Dot::dot(s[t], q, _mm256_load_si256((const __m256i*)(x[t * xs + b].q + 32 * c)));
                 }
                 for (int t = 0; t < RN; t++) v[t] = Dot::end(v[t], s[t]);
             }
             for (int t = 0; t < RN; t++) {
-                const X& xt = x[t * nb + b];
+                const X& xt = x[t * xs + b];
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v[t]), _mm256_mul_ps(ub->sd, _mm256_load_ps(xt.d)), acc[t]);
                 acc[t] = _mm256_fmadd_ps(ub->mins, _mm256_load_ps(xt.bm), acc[t]);
             }
@@ -227,17 +228,18 @@ struct KindQ6KV : GroupedRows8 {
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w->scales + 8 * h)))), d);
     }
     template <int RN, Rows R>
-    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part, const KSpan& ks) {
+        const int64_t xs = ks.stride;  // between one token's (entry's) activations and the next's
         constexpr int CHAIN = std::min(4, Dot::chain(63));
         const block_q6_K* w = (const block_q6_K*)row;
         U local;
         __m256 acc[RN];
-        for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
+        for (int t = 0; t < RN; t++) acc[t] = ks.first ? _mm256_setzero_ps() : part[t * ROWS];
         for (int64_t b = 0; b < nb; b++, w++) {
             const U* ub = row_block<KindQ6KV, R>(w, u + b, &local);
             for (int h = 0; h < 2; h++) {
                 __m256i v[RN];
-                for (int t = 0; t < RN; t++) v[t] = _mm256_load_si256((const __m256i*)(x[t * nb + b].bs32 + 8 * h));
+                for (int t = 0; t < RN; t++) v[t] = _mm256_load_si256((const __m256i*)(x[t * xs + b].bs32 + 8 * h));
                 for (int c0 = 0; c0 < 4; c0 += CHAIN) {
                     typename Dot::Sum s[RN];
                     for (int t = 0; t < RN; t++) s[t] = Dot::start(v[t]);
@@ -245,13 +247,13 @@ struct KindQ6KV : GroupedRows8 {
                         const __m256i q = _mm256_load_si256(&ub->q[4 * h + c]);
                         for (int t = 0; t < RN; t++)
                             s[t] = Dot::dot(s[t], q,
-                                            _mm256_load_si256((const __m256i*)(x[t * nb + b].q + 32 * (4 * h + c))));
+                                            _mm256_load_si256((const __m256i*)(x[t * xs + b].q + 32 * (4 * h + c))));
                     }
                     for (int t = 0; t < RN; t++) v[t] = Dot::end(v[t], s[t]);
                 }
                 for (int t = 0; t < RN; t++)
                     acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v[t]),
-                                             _mm256_mul_ps(ub->sd[h], _mm256_load_ps(x[t * nb + b].d)), acc[t]);
+                                             _mm256_mul_ps(ub->sd[h], _mm256_load_ps(x[t * xs + b].d)), acc[t]);
             }
         }
         for (int t = 0; t < RN; t++) part[t * ROWS] = acc[t];

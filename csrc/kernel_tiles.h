@@ -118,25 +118,35 @@ inline __m128i k4_header(const uint8_t* s12) {
 // (LOAD), or from the blocks while storing the unpacked form for the next token groups (STORE).
 enum class Rows { RAW, LOAD, STORE };
 
+// The part of K a tile call covers: nb super-blocks of the row (w, u and x point at the first), one
+// token's (entry's) activations `stride` entries after the previous one's. `first`: the row's sums start
+// at zero, else from part, where the call for the previous K block left them; `last`: the row's sums are
+// complete (in the order finish reads).
+struct KSpan {
+    int64_t stride;
+    bool first, last;
+};
+
 // Kind::tile<rn, R> for 1 <= rn <= Kind::GROUP (only those sizes are instantiated).
 template <class Kind, Rows R, int RN = Kind::GROUP>
 void tile_tokens(int rn, const uint8_t* w, typename Kind::U* u, const typename Kind::X* x, int64_t nb,
-                 typename Kind::Part* part) {
+                 typename Kind::Part* part, const KSpan& ks) {
     if constexpr (RN >= 1) {
         if (rn == RN)
-            Kind::template tile<RN, R>(w, u, x, nb, part);
+            Kind::template tile<RN, R>(w, u, x, nb, part, ks);
         else
-            tile_tokens<Kind, R, RN - 1>(rn, w, u, x, nb, part);
+            tile_tokens<Kind, R, RN - 1>(rn, w, u, x, nb, part, ks);
     }
 }
 
-// Rows [n0, n1) x M tokens. Loop order for the caches: a group of tokens' activations stays in L1 while
-// a chunk of weight rows (at most ~192 KB, L2-resident) streams past it. A tile leaves its row's
-// partial sums per token, as SLOTS vectors (Kind::Part; slot s of row r at part[s * ROWS + r]), and
-// Kind::finish reduces ROWS rows at once and stores each token's results as one vector: per row, one
-// horizontal sum and one store cost as much as a super-block's products where K is 512 (the experts'
-// down projections). Each row's sums reduce the same way whatever its place in a group, so results do
-// not depend on how rows are split into tasks and chunks.
+// Rows [n0, n1) x M tokens. Loop order for the caches: a group of tokens' activations (for one K block,
+// where K is cut: k_block) stays in L1 while a chunk of weight rows (at most ~192 KB, L2-resident)
+// streams past it. A tile leaves its row's partial sums per token, as SLOTS vectors (Kind::Part; slot s
+// of row r at part[s * ROWS + r]), and Kind::finish reduces ROWS rows at once and stores each token's
+// results as one vector: per row, one horizontal sum and one store cost as much as a super-block's
+// products where K is 512 (the experts' down projections). Each row's sums reduce the same way whatever
+// its place in a group, and a K block continues the sums of the one before in the same order, so
+// results do not depend on how rows are split into tasks and chunks, nor K into blocks.
 // What a kind's super-block is: QK_K weights against one block_q8_K (the k-quants), unless the kind
 // names its own activation block XB and super-block size SB (in weights; K must be a multiple).
 template <class Kind, class = void>
@@ -181,6 +191,25 @@ int group_tokens(int64_t K, int M) {
     return M <= Kind::GROUP && 2 * M <= 3 * G ? Kind::GROUP : G;
 }
 
+// Super-blocks per K block. Where K is so long that the L1-sized group would be at most half of
+// Kind::GROUP, and more tokens than that group come, K is cut into equal blocks, each short enough for
+// a whole group's activations to fit the same 3/4 of the L1 data cache: a group's pass covers one K
+// block of a chunk's rows at a time, and each row's partial sums wait in memory for the next block.
+// In cache, one thread on Zen 4 (32 KB L1d), q4_K 512 x 4096: 8 tokens 170 -> 204-216 GFLOP/s, 12
+// tokens 178 -> 234, 32 tokens 174 -> 211-219 (groups of 4 -> 12 over blocks of 4-6 super-blocks);
+// at K = 2048 (groups of 8) cutting lost 3-6% at 8-16 tokens (bench/NOTES.md change 42).
+template <class Kind>
+int64_t k_block(int64_t nb, int M) {
+    constexpr int TPE = Kind::TOKENS_PER_ENTRY;
+    const int G = group_tokens<Kind>(nb * SuperBlock<Kind>::VALUES, M);
+    if (2 * G > Kind::GROUP || M <= G) return nb;
+    const int64_t group_bytes = (int64_t)sizeof(typename Kind::X) * (Kind::GROUP / TPE);
+    const int64_t fit = std::max<int64_t>(1, l1d_bytes() * 3 / 4 / group_bytes);
+    if (fit >= nb) return nb;
+    const int64_t blocks = (nb + fit - 1) / fit;
+    return (nb + blocks - 1) / blocks;
+}
+
 template <class Kind>
 void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y,
                        int64_t ldy, int64_t n0, int64_t n1) {
@@ -203,34 +232,53 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
             Kind::reorder(src, &xt[t / TPE * nb + b]);
         }
     const int64_t chunk = std::max<int64_t>(1, (192 << 10) / (int64_t)wrb);
+    // K blocks (k_block): one, unless K is long; the groups are sized for a block's activations.
+    const int64_t kb = k_block<Kind>(nb, M);
+    const int G = group_tokens<Kind>(kb * SBK::VALUES, M);
     // Several token groups: the first unpacks each row of a chunk while it computes (the weight stream
     // overlaps the products) and stores it; the others load it.
-    const int G = group_tokens<Kind>(K, M);
     const bool pre = M > G;
     thread_local std::vector<typename Kind::U> ut_buf;
     if (pre) ut_buf.resize((size_t)std::min(chunk, n1 - n0) * nb);
     typename Kind::U* const ut = pre ? ut_buf.data() : nullptr;
-    typename Kind::Part part[Kind::SLOTS * ROWS];
+    // The rows' partial sums: one ROWS-row group's at a time, or, with several K blocks, every row
+    // group's of the chunk (they carry over from one block to the next).
+    // (a local type: a std::vector of a vector register type would be a weak symbol, compiled for this
+    // file's ISA, that the linker may pick for any other file: test_isa_objects)
+    struct RowGroupParts {
+        typename Kind::Part v[Kind::SLOTS * ROWS];
+    };
+    RowGroupParts part_local;
+    thread_local std::vector<RowGroupParts> part_buf;
+    if (kb < nb) part_buf.resize((size_t)(std::min(chunk, n1 - n0) + ROWS - 1) / ROWS);
+    RowGroupParts* const parts = kb < nb ? part_buf.data() : &part_local;
+    const size_t wsb = wrb / (size_t)nb;  // a super-block's bytes in a row
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
         const int64_t c1 = std::min(n1, c0 + chunk);
         for (int m = 0; m < M; m += G) {
             const XT* x = xt + m / TPE * nb;
             const int rn = std::min(G, M - m);
-            for (int64_t n = c0; n < c1; n += ROWS) {
-                const int rows = (int)std::min<int64_t>(ROWS, c1 - n);
-                for (int r = 0; r < rows; r++) {
-                    const uint8_t* w = W + (n + r) * wrb;
-                    typename Kind::U* u = pre ? ut + (n + r - c0) * nb : nullptr;
-                    if (!pre)
-                        tile_tokens<Kind, Rows::RAW>(rn, w, u, x, nb, part + r);
-                    else if (m == 0)
-                        tile_tokens<Kind, Rows::STORE>(rn, w, u, x, nb, part + r);
-                    else
-                        tile_tokens<Kind, Rows::LOAD>(rn, w, u, x, nb, part + r);
+            for (int64_t b0 = 0; b0 < nb; b0 += kb) {
+                const int64_t b1 = std::min(nb, b0 + kb);
+                const KSpan ks{nb, b0 == 0, b1 == nb};
+                for (int64_t n = c0; n < c1; n += ROWS) {
+                    const int rows = (int)std::min<int64_t>(ROWS, c1 - n);
+                    typename Kind::Part* const part = parts[kb < nb ? (n - c0) / ROWS : 0].v;
+                    for (int r = 0; r < rows; r++) {
+                        const uint8_t* w = W + (n + r) * wrb + b0 * wsb;
+                        typename Kind::U* u = pre ? ut + (n + r - c0) * nb + b0 : nullptr;
+                        if (!pre)
+                            tile_tokens<Kind, Rows::RAW>(rn, w, u, x + b0, b1 - b0, part + r, ks);
+                        else if (m == 0)
+                            tile_tokens<Kind, Rows::STORE>(rn, w, u, x + b0, b1 - b0, part + r, ks);
+                        else
+                            tile_tokens<Kind, Rows::LOAD>(rn, w, u, x + b0, b1 - b0, part + r, ks);
+                    }
+                    if (!ks.last) continue;
+                    for (int r = rows; r < ROWS; r++)  // (a short last group: its unused rows reduce zeros)
+                        for (int s = 0; s < Kind::SLOTS; s++) part[s * ROWS + r] = typename Kind::Part{};
+                    Kind::finish(part, rn, rows, Y + m * ldy + n, ldy);
                 }
-                for (int r = rows; r < ROWS; r++)  // (a short last group: its unused rows reduce zeros)
-                    for (int s = 0; s < Kind::SLOTS; s++) part[s * ROWS + r] = typename Kind::Part{};
-                Kind::finish(part, rn, rows, Y + m * ldy + n, ldy);
             }
         }
     }

@@ -207,17 +207,18 @@ struct KindQ45K {
         float d;
     };
     using U = std::conditional_t<FIVE, U5, U4>;
-    // One weight row against RN tokens (token t: x[t / 2 * nb + b].q[t % 2]) -> part[p * ROWS], the
+    // One weight row against RN tokens (token t: x[t / 2 * xs + b].q[t % 2]) -> part[p * ROWS], the
     // partial sums of tokens 2p and 2p + 1.
     template <int RN, Rows R>
-    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part, const KSpan& ks) {
+        const int64_t xs = ks.stride;  // between one token's (entry's) activations and the next's
         constexpr bool PRE = R == Rows::LOAD;
         const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1)), zero = _mm512_setzero_si512();
         const Block* w = (const Block*)row;
         constexpr int NP = (RN + 1) / 2;
         __m512 acc[NP];
-        for (int p = 0; p < NP; p++) acc[p] = _mm512_setzero_ps();
+        for (int p = 0; p < NP; p++) acc[p] = ks.first ? _mm512_setzero_ps() : part[p * ROWS];
         for (int64_t b = 0; b < nb; b++, w++) {
             __m512i lo, hi, h = zero;
             if constexpr (!PRE) {
@@ -232,7 +233,7 @@ struct KindQ45K {
                 const __m512i q = PRE ? _mm512_load_si512((const void*)&u[b].q[c]) : vec(lo, hi, h, c);
                 if constexpr (R == Rows::STORE) _mm512_store_si512((void*)&u[b].q[c], q);
                 for (int t = 0; t < RN; t++)
-                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t / 2 * nb + b].q[t % 2] + 64 * c)));
+                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t / 2 * xs + b].q[t % 2] + 64 * c)));
             }
             // Lanes 2j and 2j + 1 hold sub-block j: each token's sums fold to 8 lanes, two tokens per
             // register, so the float work per token is half a conversion and two half multiply-adds.
@@ -258,7 +259,7 @@ struct KindQ45K {
                 }
             }
             for (int p = 0; p < NP; p++) {
-                const X& xp = x[p * nb + b];
+                const X& xp = x[p * xs + b];
                 const __m512i v1 = 2 * p + 1 < RN ? v[2 * p + 1] : zero;  // an odd count: the last token alone
                 __m512i s;
                 if constexpr (FIVE)
@@ -270,7 +271,7 @@ struct KindQ45K {
                 acc[p] = _mm512_fmadd_ps(mins, _mm512_load_ps(xp.bm), acc[p]);
             }
         }
-        if constexpr (!FIVE) {  // back to finish's order: lanes 0-7 the even token's, 8-15 the odd one's
+        if (!FIVE && ks.last) {  // back to finish's order: lanes 0-7 the even token's, 8-15 the odd one's
             const __m512i order = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
             for (int p = 0; p < NP; p++) acc[p] = _mm512_permutexvar_ps(order, acc[p]);
         }
@@ -327,11 +328,12 @@ struct KindQ6K : TokenRows16 {
         __m512 sd;
     };
     template <int RN, Rows R>
-    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part, const KSpan& ks) {
+        const int64_t xs = ks.stride;  // between one token's (entry's) activations and the next's
         constexpr bool PRE = R == Rows::LOAD;
         const block_q6_K* w = (const block_q6_K*)row;
         __m512 acc[RN];
-        for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
+        for (int t = 0; t < RN; t++) acc[t] = ks.first ? _mm512_setzero_ps() : part[t * ROWS];
         for (int64_t b = 0; b < nb; b++, w++) {
             __m512i l0, l1, h;
             if constexpr (!PRE) {
@@ -341,17 +343,17 @@ struct KindQ6K : TokenRows16 {
                 h = _mm512_loadu_si512((const void*)w->qh);
             }
             __m512i v[RN];
-            for (int t = 0; t < RN; t++) v[t] = _mm512_load_si512((const void*)x[t * nb + b].bs32);
+            for (int t = 0; t < RN; t++) v[t] = _mm512_load_si512((const void*)x[t * xs + b].bs32);
             for (int c = 0; c < 4; c++) {
                 const __m512i q = PRE ? _mm512_load_si512((const void*)&u[b].q[c]) : vec(l0, l1, h, c);
                 if constexpr (R == Rows::STORE) _mm512_store_si512((void*)&u[b].q[c], q);
                 for (int t = 0; t < RN; t++)
-                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t * nb + b].q + 64 * c)));
+                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t * xs + b].q + 64 * c)));
             }
             const __m512 sd = PRE ? _mm512_load_ps((const float*)&u[b].sd) : scales(w);
             if constexpr (R == Rows::STORE) u[b].sd = sd;
             for (int t = 0; t < RN; t++)
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[t]), _mm512_mul_ps(sd, _mm512_set1_ps(x[t * nb + b].d)), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[t]), _mm512_mul_ps(sd, _mm512_set1_ps(x[t * xs + b].d)), acc[t]);
         }
         for (int t = 0; t < RN; t++) part[t * ROWS] = acc[t];
     }
@@ -417,11 +419,12 @@ struct KindQ8L : TokenRows16 {
         u->dw = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(d8));
     }
     template <int RN, Rows R>
-    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part) {
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part, const KSpan& ks) {
+        const int64_t xs = ks.stride;  // between one token's (entry's) activations and the next's
         constexpr int64_t SBB = BLOCKS * Unpack::BYTES;
         U local;
         __m512 acc[RN];
-        for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
+        for (int t = 0; t < RN; t++) acc[t] = ks.first ? _mm512_setzero_ps() : part[t * ROWS];
         for (int64_t b = 0; b < nb; b++) {
             const U* ub = u + b;
             if constexpr (R != Rows::LOAD) {
@@ -431,14 +434,14 @@ struct KindQ8L : TokenRows16 {
                 ub = dst;
             }
             __m512i v[RN];
-            for (int t = 0; t < RN; t++) v[t] = _mm512_load_si512((const void*)x[t * nb + b].start);
+            for (int t = 0; t < RN; t++) v[t] = _mm512_load_si512((const void*)x[t * xs + b].start);
             for (int c = 0; c < 4; c++) {
                 const __m512i q = _mm512_load_si512((const void*)&ub->q[c]);
                 for (int t = 0; t < RN; t++)
-                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t * nb + b].q + 64 * c)));
+                    v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t * xs + b].q + 64 * c)));
             }
             for (int t = 0; t < RN; t++)
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[t]), _mm512_mul_ps(ub->dw, _mm512_load_ps(x[t * nb + b].d)),
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[t]), _mm512_mul_ps(ub->dw, _mm512_load_ps(x[t * xs + b].d)),
                                          acc[t]);
         }
         for (int t = 0; t < RN; t++) part[t * ROWS] = acc[t];
