@@ -330,14 +330,22 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
         });
     }
 
-    // Phase 3: weighted sum over each token's slots, in slot order (independent of threads).
+    // Phase 3: weighted sum over each token's slots, in slot order (independent of threads), 64 outputs
+    // at a time in registers: the slots' rows come from the other threads' caches, and summing each
+    // into the whole output row re-read and re-wrote it once per slot (32 tokens of the twin, perf:
+    // 1.5% of the samples -> 0.7-0.9).
     auto combine = [&](int64_t t, int) {
+        constexpr int64_t NC = 64;
         float* o = out + t * H;
-        std::fill(o, o + H, 0.f);
-        for (int j = 0; j < top_k; j++) {
-            const float w = weights[t * top_k + j];
-            const float* src = &d[slot_pos[t * top_k + j] * H];
-            for (int64_t n = 0; n < H; n++) o[n] += w * src[n];
+        for (int64_t n0 = 0; n0 < H; n0 += NC) {
+            const int64_t nc = std::min(NC, H - n0);
+            float acc[NC] = {};
+            for (int j = 0; j < top_k; j++) {
+                const float w = weights[t * top_k + j];
+                const float* src = &d[slot_pos[t * top_k + j] * H + n0];
+                for (int64_t i = 0; i < nc; i++) acc[i] += w * src[i];
+            }
+            std::memcpy(o + n0, acc, nc * sizeof(float));
         }
     };
     if (M * H < (1 << 15)) {

@@ -55,6 +55,22 @@ def test_moe_vs_reference(fmt, down_fmt, m, rng):
         assert used == len(np.unique(ids))
 
 
+@pytest.mark.parametrize("m", [3, 220])
+def test_moe_hidden_size_not_a_multiple_of_64(m, rng):
+    # The slots' weighted sum runs 64 outputs at a time: H = 160 ends on a part chunk. 220 tokens x 160
+    # outputs take the combine to the pool, 3 keep it on the calling thread.
+    E, H, I, K = 8, 160, 64, 2
+    g, gd = make_experts(rng, "q8_0", E, I, H)
+    u, ud = make_experts(rng, "q8_0", E, I, H)
+    d, dd = make_experts(rng, "q8_0", E, H, I)
+    x = rng.standard_normal((m, H)).astype(np.float32)
+    ids, w = route(rng, m, E, K)
+    want = reference(x.astype(np.float64), ids, w, gd, ud, dd)
+    for isa in ISAS:
+        out, _ = kernels.moe(x, ids, w, g, u, d, "q8_0", isa=isa)
+        check_close(out, want, 5e-2, f"moe H=160 {isa} M={m}")
+
+
 def test_moe_equals_per_expert_matmuls(rng):
     """Grouping is exact: the same numbers as running each expert's tokens through matmul."""
     E, H, I, K, M = 8, 256, 512, 2, 12
