@@ -92,14 +92,18 @@ constexpr int64_t ATTN_LANE_ROWS = 8;  // at 8 rows (half the lanes) still 1.5x 
 // The constants of the SIMD e^x (exp4 / exp8 in model_ops_neon.cpp and model_ops_avx2.cpp, exp16 in
 // model_ops_avx512.cpp), one set for every width: x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts,
 // Cody-Waite), e^r = 1 + r + r^2 P(r) with Cephes expf's degree-5 minimax P (highest power first),
-// 2^n from the exponent bits. About 1 ulp; 0 below ZERO_BELOW (no subnormal results), inf above
-// INF_ABOVE, NaN stays NaN.
+// 2^n from the exponent bits. About 1 ulp; 0 below ZERO_BELOW, inf above INF_ABOVE, NaN stays NaN.
+// No subnormal results, and no subnormal intermediate either: inputs are clamped at X_MIN = ZERO_BELOW,
+// where 2^n p is still normal (n = -126, p = e^0.0065). With the clamp a little lower (-87.34), every
+// input below it made p 2^n subnormal before the blend replaced it by 0, and a subnormal product costs
+// a microcode assist: a 32-token causal conv of the bench twin (large activations) took 297 us instead
+// of 137 (bench/NOTES.md change 44).
 struct ExpConsts {
-    static constexpr float X_MIN = -87.34f, X_MAX = 88.72f;  // the input clamp
+    static constexpr float X_MIN = -87.33f, X_MAX = 88.72f;  // the input clamp
     static constexpr float LOG2E = 1.44269504088896341f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
     static constexpr float P0 = 1.9875691500e-4f, P1 = 1.3981999507e-3f, P2 = 8.3334519073e-3f,
                            P3 = 4.1665795894e-2f, P4 = 1.6666665459e-1f, P5 = 5.0000001201e-1f;
-    static constexpr float INF_ABOVE = 88.7228f, ZERO_BELOW = -87.3365f;
+    static constexpr float INF_ABOVE = 88.7228f, ZERO_BELOW = X_MIN;  // (e^-87.33: 1.0066 x FLT_MIN)
 };
 
 // n floats of scratch in buf starting on a 64-byte boundary: 32-byte vectors never split a cache
