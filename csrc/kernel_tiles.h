@@ -191,13 +191,14 @@ int group_tokens(int64_t K, int M) {
     return M <= Kind::GROUP && 2 * M <= 3 * G ? Kind::GROUP : G;
 }
 
-// Super-blocks per K block. Where K is so long that the L1-sized group would be at most half of
-// Kind::GROUP, and more tokens than that group come, K is cut into equal blocks, each short enough for
-// a whole group's activations to fit the same 3/4 of the L1 data cache: a group's pass covers one K
-// block of a chunk's rows at a time, and each row's partial sums wait in memory for the next block.
-// In cache, one thread on Zen 4 (32 KB L1d), q4_K 512 x 4096: 8 tokens 170 -> 204-216 GFLOP/s, 12
-// tokens 178 -> 234, 32 tokens 174 -> 211-219 (groups of 4 -> 12 over blocks of 4-6 super-blocks);
-// at K = 2048 (groups of 8) cutting lost 3-6% at 8-16 tokens (bench/NOTES.md change 42).
+// Super-blocks per K block (the last block may be shorter). Where K is so long that the L1-sized group
+// would be at most half of Kind::GROUP, and more tokens than that group come, K is cut into as few
+// blocks as leave each short enough for a whole group's activations to fit the same 3/4 of the L1 data
+// cache: a group's pass covers one K block of a chunk's rows at a time, and each row's partial sums
+// wait in memory for the next block. In cache, one thread on Zen 4 (32 KB L1d), q4_K 512 x 4096 (blocks
+// of 6, 6 and 4 super-blocks, groups of 4 -> 12 tokens): 8 tokens 172-176 -> 219-229 GFLOP/s, 12
+// tokens 182 -> 238-239, 32 tokens 180-196 -> 229-238; at K = 2048 (groups of 8) cutting lost 3-6% at
+// 8-16 tokens (bench/NOTES.md change 42).
 template <class Kind>
 int64_t k_block(int64_t nb, int M) {
     constexpr int TPE = Kind::TOKENS_PER_ENTRY;
@@ -259,7 +260,7 @@ void gemm_kquant_tiles(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xr
     thread_local std::vector<RowGroupParts> part_buf;
     if (kb < nb) part_buf.resize((size_t)(std::min(chunk, n1 - n0) + ROWS - 1) / ROWS);
     RowGroupParts* const parts = kb < nb ? part_buf.data() : &part_local;
-    const size_t wsb = wrb / (size_t)nb;  // a super-block's bytes in a row
+    const size_t wsb = wrb / (size_t)nb;  // a super-block's bytes in a row (rows hold whole super-blocks)
     for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
         const int64_t c1 = std::min(n1, c0 + chunk);
         for (int m = 0; m < M; m += G) {

@@ -331,7 +331,7 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     }
 
     // Phase 3: weighted sum over each token's slots, in slot order (independent of threads), 64 outputs
-    // at a time in registers: the slots' rows come from the other threads' caches, and summing each
+    // at a time in a local buffer: the slots' rows come from the other threads' caches, and summing each
     // into the whole output row re-read and re-wrote it once per slot (32 tokens of the twin, perf:
     // 1.5% of the samples -> 0.7-0.9).
     auto combine = [&](int64_t t, int) {

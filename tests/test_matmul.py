@@ -175,10 +175,11 @@ def test_kquant_tiles_span_row_chunks_and_token_groups(fmt, rows, k, m, rng):
     # One thread's task spans several L2-sized weight chunks (192 KB), so the first token group stores
     # each chunk's rows unpacked and the others load them, chunk by chunk.
     # - K = 16384: a row is 9-13 KB (130 rows over 4 tasks); K runs in blocks (k_block: one token's
-    #   activations are 5-6 KB per 1024 weights, too many for a whole group in L1), the 19 tokens as
-    #   a full group and the rest, on any L1d up to 64 KB.
-    # - K = 1024: whole groups (12 or 8 tokens on an L1d of 32 KB or more); 1500 rows are tasks of
-    #   384 rows, more than a chunk of 180-341.
+    #   activations take 20-24 KB, too many for a whole group in L1, on any L1d up to 64 KB), the 19
+    #   tokens in groups of equal size (AVX-512 q4_K 10 + 9, q6_K 7 + 7 + 5; AVX2 q4_K 5 + 5 + 5 + 4).
+    # - K = 1024: groups sized to the whole K (up to 12 or 8 tokens on an L1d of 32 KB or more), evened
+    #   out (30 tokens of q4_K: 10 + 10 + 10); 1500 rows are tasks of 384 rows, more than a chunk of
+    #   180-341.
     if not SIMD_ISAS:
         pytest.skip("no SIMD path on this machine")
     q, _ = make(rng, fmt, rows, k)
@@ -210,22 +211,23 @@ def test_kquant_tiles_one_group_past_the_l1_size(fmt, k, m, rng):
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0"])
-@pytest.mark.parametrize("k", [4096, 16384])
-def test_kquant_tiles_cut_long_k_into_blocks(fmt, k, rng):
+@pytest.mark.parametrize("k,m", [(4096, 8), (4096, 32), (16384, 32)])
+def test_kquant_tiles_cut_long_k_into_blocks(fmt, k, m, rng):
     # Where a whole group's activations would not fit in L1, its pass covers K one block at a time
     # and every row's partial sums carry over to the next block (k_block; at K = 16384 on any L1d
     # up to 64 KB, at 4096 on AVX-512 with a 32 KB one). A token's results do not depend on that:
     # they equal, bit for bit, those of a two-token product (one group, whole K) of it and its pair.
+    # 8 tokens: one group (rows unpacked as they pass); 32: several (rows stored and reloaded).
     if not SIMD_ISAS:
         pytest.skip("no SIMD path on this machine")
     q, wd = make(rng, fmt, 70, k)
-    x = rng.standard_normal((32, k)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
     for isa in SIMD_ISAS:
         full = kernels.matmul(x, q, fmt, isa=isa)
-        for t0 in (0, 12, 30):
+        for t0 in sorted({0, 12 % m, m - 2}):
             np.testing.assert_array_equal(full[t0:t0 + 2], kernels.matmul(x[t0:t0 + 2], q, fmt, isa=isa),
                                           err_msg=f"{fmt} {isa} K={k} tokens {t0}, {t0 + 1}")
-        check_close(full, x.astype(np.float64) @ wd.T, TOL_FLOAT64[fmt], f"{fmt} {isa} K={k} M=32")
+        check_close(full, x.astype(np.float64) @ wd.T, TOL_FLOAT64[fmt], f"{fmt} {isa} K={k} M={m}")
 
 
 def test_empty_inputs(rng):
