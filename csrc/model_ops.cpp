@@ -9,6 +9,7 @@
 
 #include "dispatch.h"
 #include "formats.h"
+#include "scratch.h"
 #include "threadpool.h"
 
 namespace clover {
@@ -394,14 +395,17 @@ void gated_delta_rule(const ModelKernels& kr, GdnMode mode, const float* q, cons
                       int64_t dv, bool update_state, float* o, int64_t qk_stride, int64_t v_stride) {
     if (qk_stride == 0) qk_stride = Hk * dk;
     if (v_stride == 0) v_stride = Hv * dv;
-    // q, k normalised once per key head (a key head serves Hv / Hk value heads), packed.
-    std::vector<float> qn(T * Hk * dk), kn(T * Hk * dk);
+    // q, k normalised once per key head (a key head serves Hv / Hk value heads), packed (per-thread
+    // buffers kept between calls: a fresh vector zero-filled 2 x T x 8 KB at the twin's shape per layer)
+    const Scratch<float, 0> qn_buf(T * Hk * dk);
+    const Scratch<float, 1> kn_buf(T * Hk * dk);
+    float *const qn = qn_buf.get(), *const kn = kn_buf.get();
     const float q_scale = 1.f / std::sqrt((float)dk);
     parallel_ranges(T * Hk, GRAIN_FLOATS / std::max<int64_t>(1, dk), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; r++) {
             const int64_t in = (r / Hk) * qk_stride + (r % Hk) * dk;
-            kr.l2_norm(q + in, dk, q_scale, qn.data() + r * dk);
-            kr.l2_norm(k + in, dk, 1.f, kn.data() + r * dk);
+            kr.l2_norm(q + in, dk, q_scale, qn + r * dk);
+            kr.l2_norm(k + in, dk, 1.f, kn + r * dk);
         }
     });
     const bool recurrent = mode == GdnMode::Recurrent || (mode == GdnMode::Auto && T < kr.gdn_chunked_from);
@@ -417,7 +421,7 @@ void gated_delta_rule(const ModelKernels& kr, GdnMode mode, const float* q, cons
             S = aligned_floats(copy, dk * dv);
             std::memcpy(S, S_h, dk * dv * sizeof(float));
         }
-        const GdnHeadArgs a{qn.data() + kh * dk, kn.data() + kh * dk, v + h * dv, g + h, beta + h, S, o + h * dv,
+        const GdnHeadArgs a{qn + kh * dk, kn + kh * dk, v + h * dv, g + h, beta + h, S, o + h * dv,
                             T, dk, dv, Hk * dk, Hk * dk, v_stride, Hv, Hv * dv};
         if (recurrent)
             kr.gdn_recurrent(a);
