@@ -288,3 +288,43 @@ def test_reference_decoder_matches_runtime(run, tc):
         assert got["token_ids"] == want
         if threshold == low and len(want) == n:
             assert got["tokens_per_forward"] > 1
+
+
+def test_no_convert_run_travels_through_gpu_pack(tc, tmp_path):
+    """--no-convert stops after the export; gpu_pack.py carries the run as a split tar (float16 large matrices,
+    float32 the rest) and rebuilds a folder that converts and loads."""
+    spec = importlib.util.spec_from_file_location("gpu_pack", SCRIPT.parent / "experiments" / "gpu_pack.py")
+    gp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gp)
+    data = tmp_path / "data"
+    assert tc.main([*TINY, "--out", str(data), "--data-only"]) == 0
+    assert sorted(p.name for p in data.iterdir()) == [
+        "eval_tokens.npy", "tokenizer.model", "train.log", "train_tokens.npy"
+    ]
+    (data / "train.log").unlink()
+    run = tmp_path / "run_tiny"
+    run.mkdir()
+    for f in data.iterdir():
+        (run / f.name).write_bytes(f.read_bytes())
+    assert tc.main([*TINY, "--out", str(run), "--no-convert"]) == 0
+    assert (run / "hf" / "model.safetensors").exists() and not (run / "clover-small.gguf").exists()
+    gp.PART = 100_000  # several parts even at this size
+    gp.F16_MIN = 4096  # the tiny shape's matrices are below the real threshold
+    gp.pack(tmp_path / "back", [run])
+    assert len(list((tmp_path / "back").glob("pack.tar.*"))) > 1
+    (back,) = gp.unpack(tmp_path / "back", tmp_path / "dest", data)
+    assert back.name == "tiny" and (back / "train.log").exists() and (back / "train_tokens.npy").exists()
+    from safetensors.torch import load_file
+
+    want, got = load_file(str(run / "hf" / "model.safetensors")), load_file(str(back / "hf" / "model.safetensors"))
+    assert want.keys() == got.keys()
+    halves = 0
+    for k, t in want.items():
+        assert got[k].dtype == torch.float32
+        exp = t.half().float() if t.numel() >= 4096 else t
+        assert torch.equal(got[k], exp), k
+        halves += t.numel() >= 4096 and not torch.equal(got[k], t)
+    assert halves > 10  # the float16 path rounded the large matrices
+    tc.convert(back / "hf", back / "clover-small.gguf", "q8_0")
+    m = clover_cpu.load(back / "clover-small.gguf")
+    assert m.config.vocab_size == 1024

@@ -116,6 +116,16 @@ SHIPPED_CONTEXT = 131072
 PRESETS = {
     # the shipped model: 8 layers (6 GDN + 2 attention), 8 experts top-2, 9.75M parameters, 5.0M active
     "small": Shape(),
+    # for a GPU run (--device cuda): 16.2M parameters, 9.1M active, ~17 MB as q8_0 (the 20 MB cap)
+    "medium": Shape(
+        hidden_size=384,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        linear_num_key_heads=3,
+        linear_num_value_heads=6,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=128,
+    ),
     # the smoke test's: every dimension small, still Hv = 2 Hk and a GQA attention layer
     "tiny": Shape(
         vocab_size=1024,
@@ -1534,6 +1544,17 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-prompts", type=int, default=20, help="held-out prompts for --eval (default 20)")
     ap.add_argument("--no-eval", action="store_true", help="skip the evaluation at the end of training")
     ap.add_argument(
+        "--data-only",
+        action="store_true",
+        help="write the tokenizer and token streams to OUT and stop (to carry them to another machine)",
+    )
+    ap.add_argument(
+        "--no-convert",
+        action="store_true",
+        help="stop after the export to OUT/hf (no conversion, no evaluation): for a machine without clover-cpu, "
+        "such as a GPU box; convert and --eval where clover-cpu is installed",
+    )
+    ap.add_argument(
         "--extend-minutes",
         type=float,
         default=0.0,
@@ -1600,7 +1621,9 @@ def run(a, log) -> int:
         f"{a.threads} threads, {r.precision}, python {sys.version.split()[0]}"
     )
     tokenizer, tokens, eval_tokens = prepare_data(out, shape.vocab_size, a.max_files, log)
-    reserve = 90.0 + 0.02 * a.minutes * 60  # export + conversion + slack
+    if a.data_only:
+        return 0
+    reserve = (20.0 if a.no_convert else 90.0) + 0.02 * a.minutes * 60  # export + conversion + slack
     budget = max(10.0, a.minutes * 60 - (time.time() - t_start) - reserve)
     model = train(a, shape, r, tokens, eval_tokens, budget, log)
     if model is None:
@@ -1613,6 +1636,9 @@ def run(a, log) -> int:
         )
     )
     export(model.cpu(), tokenizer, out / "hf")
+    if a.no_convert:
+        log(f"exported {out / 'hf'}; {(time.time() - t_start) / 60:.1f} min this session (--no-convert)")
+        return 0
     convert(out / "hf", gguf, a.type)
     size = gguf.stat().st_size
     log(f"wrote {gguf} ({size / 1e6:.1f} MB, {a.type}); {(time.time() - t_start) / 60:.1f} min this session")
