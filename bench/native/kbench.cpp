@@ -1,0 +1,166 @@
+// One kernel table's matrix products timed in C++, one thread, no Python and no pool in the loop: the cost of
+// a weight super-block (256 weights of one row) at 1..T tokens, with the weights in cache (one matrix, called
+// again and again) or streamed from memory (enough copies to exceed the last-level cache). Every product is
+// first checked against the scalar reference kernel. Built by bench/native/build_kbench.sh.
+//
+//   kbench --type q4_K --rows 512 --k 2048 --isa avx512 --tokens 1,2,3,4,8 [--dram] [--json FILE]
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dispatch.h"
+#include "formats.h"
+#include "kernels.h"
+#include "quants.h"
+
+using namespace clover;
+
+namespace {
+
+[[noreturn]] void usage(const char* msg) {
+    std::fprintf(stderr,
+                 "kbench: %s\nusage: kbench --type q4_k|q5_k|q6_k|q8_0|q4_0|f16|bf16|f32 --rows N --k K [--isa ISA] "
+                 "[--tokens 1,2,4,8] [--dram] [--reps 7] [--json FILE]\n",
+                 msg);
+    std::exit(2);
+}
+
+void quantize_acts_rows(Type t, const float* x, int M, int64_t K, uint8_t* out) {
+    const size_t rb = act_row_bytes(t, K);
+    for (int m = 0; m < M; m++) {
+        if (act_format(t) == ActFormat::Q8_K)
+            quantize_act_q8_K(x + m * K, (block_q8_K*)(out + m * rb), K);
+        else if (act_format(t) == ActFormat::Q8_A)
+            quantize_act_q8_a(x + m * K, (block_q8_a*)(out + m * rb), K);
+        else
+            std::memcpy(out + m * rb, x + m * K, K * sizeof(float));
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string type_name, isa, json;
+    int64_t rows = 0, K = 0;
+    std::vector<int> tokens = {1, 2, 3, 4, 8};
+    bool dram = false;
+    int reps = 7;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+            return argv[++i];
+        };
+        if (a == "--type") type_name = next();
+        else if (a == "--rows") rows = std::atoll(next().c_str());
+        else if (a == "--k") K = std::atoll(next().c_str());
+        else if (a == "--isa") isa = next();
+        else if (a == "--dram") dram = true;
+        else if (a == "--reps") reps = std::atoi(next().c_str());
+        else if (a == "--json") json = next();
+        else if (a == "--tokens") {
+            tokens.clear();
+            std::string s = next();
+            for (size_t p = 0; p < s.size();) {
+                const size_t q = s.find(',', p);
+                tokens.push_back(std::atoi(s.substr(p, q - p).c_str()));
+                p = q == std::string::npos ? s.size() : q + 1;
+            }
+        } else usage(("unknown option " + a).c_str());
+    }
+    for (char& c : type_name) c = (char)std::tolower((unsigned char)c);
+    const TypeInfo* ti = type_info_by_name(type_name.c_str());
+    if (!ti) usage("--type: unknown type");
+    if (rows < 1 || K < 1 || K % QK_K) usage("--rows >= 1 and --k a multiple of 256 are required");
+    if (reps < 1) usage("--reps must be >= 1");
+    for (int M : tokens)
+        if (M < 1 || M > 512) usage("--tokens: each count in 1..512");
+    if (isa.empty()) isa = available_isas().back();
+    const Kernels* kr = nullptr;
+    try {
+        kr = &kernels_for(isa);
+    } catch (const std::exception& e) {
+        usage(("--isa: " + std::string(e.what())).c_str());
+    }
+    const Type t = ti->type;
+    const int maxM = *std::max_element(tokens.begin(), tokens.end());
+    const size_t wrb = row_bytes(*ti, K), xrb = act_row_bytes(t, K);
+
+    std::mt19937 gen(1);
+    std::normal_distribution<float> nd;
+    std::vector<float> wf((size_t)rows * K), xf((size_t)maxM * K);
+    for (float& v : wf) v = nd(gen);
+    for (float& v : xf) v = nd(gen);
+    std::vector<uint8_t> w((size_t)rows * wrb), xq((size_t)maxM * xrb);
+    quantize_rows(t, wf.data(), w.data(), rows, K);
+    quantize_acts_rows(t, xf.data(), maxM, K, xq.data());
+    // from memory: copies of the matrix filling 512 MB, far more than a last-level cache
+    const int64_t n_mats = dram ? std::max<int64_t>(2, (512ll << 20) / (int64_t)w.size()) : 1;
+    std::vector<uint8_t> all((size_t)n_mats * w.size());
+    for (int64_t i = 0; i < n_mats; i++) std::memcpy(all.data() + i * w.size(), w.data(), w.size());
+
+    const gemm_fn fn = kr->gemm(t), ref = kernels_ref().gemm(t);
+    std::vector<float> y((size_t)maxM * rows), yr((size_t)maxM * rows);
+    const double sbs = (double)rows * (double)(K / QK_K);  // super-block rows per product
+    std::printf("%s %lldx%lld, isa %s, %s, one thread\n", ti->name, (long long)rows, (long long)K, kr->isa,
+                dram ? "weights from memory" : "weights in cache");
+    std::printf("%6s %12s %9s %14s %9s %9s %10s\n", "tokens", "us/product", "ns/SB", "ns/SB/token", "GB/s",
+                "GFLOP/s", "max err");
+    std::string js = "{\"type\": \"" + std::string(ti->name) + "\", \"rows\": " + std::to_string(rows) +
+                     ", \"k\": " + std::to_string(K) + ", \"isa\": \"" + kr->isa + "\", \"dram\": " +
+                     (dram ? "true" : "false") + ", \"results\": [";
+    for (size_t ti_ = 0; ti_ < tokens.size(); ti_++) {
+        const int M = tokens[ti_];
+        fn(w.data(), wrb, xq.data(), xrb, K, M, y.data(), rows, 0, rows);
+        ref(w.data(), wrb, xq.data(), xrb, K, M, yr.data(), rows, 0, rows);
+        double err = 0, scale = 0;
+        for (size_t i = 0; i < (size_t)M * rows; i++) {
+            err = std::max(err, (double)std::fabs(y[i] - yr[i]));
+            scale = std::max(scale, (double)std::fabs(yr[i]));
+        }
+        const double rel = err / std::max(scale, 1e-30);
+        if (!(rel < 1e-4)) {
+            std::fprintf(stderr, "kbench: %s at %d tokens differs from the reference kernel (max rel. error %.3g)\n",
+                         kr->isa, M, rel);
+            return 1;
+        }
+        // in cache: repeat the one matrix for ~20 ms; from memory: one pass over the copies
+        const int loops = dram ? 1 : std::max(1, (int)(2e7 / std::max(1.0, sbs * M * 3.0)));
+        double best = 1e30;
+        for (int r = 0; r < reps; r++) {
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int l = 0; l < loops; l++)
+                for (int64_t i = 0; i < n_mats; i++)
+                    fn(all.data() + i * w.size(), wrb, xq.data(), xrb, K, M, y.data(), rows, 0, rows);
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            best = std::min(best, s / loops / (double)n_mats);
+        }
+        const double ns_sb = best / sbs * 1e9;
+        const double gbs = (double)w.size() / best / 1e9, gflops = 2.0 * rows * K * M / best / 1e9;
+        std::printf("%6d %12.2f %9.2f %14.2f %9.1f %9.0f %10.2g\n", M, best * 1e6, ns_sb, ns_sb / M, gbs, gflops,
+                    rel);
+        char buf[256];
+        std::snprintf(buf, sizeof buf,
+                      "%s{\"tokens\": %d, \"us_per_product\": %.3f, \"ns_per_superblock\": %.3f, \"gb_per_s\": %.2f, "
+                      "\"gflop_per_s\": %.1f, \"max_rel_error\": %.3g}",
+                      ti_ ? ", " : "", M, best * 1e6, ns_sb, gbs, gflops, rel);
+        js += buf;
+    }
+    js += "]}\n";
+    if (!json.empty()) {
+        FILE* f = std::fopen(json.c_str(), "w");
+        if (!f || std::fputs(js.c_str(), f) < 0 || std::fclose(f) != 0) {
+            std::fprintf(stderr, "kbench: cannot write %s\n", json.c_str());
+            return 1;
+        }
+    }
+    return 0;
+}
