@@ -69,6 +69,7 @@ def test_kbench_every_isa_agrees_with_the_reference(kbench):
         (["--type", "q4_k", "--rows", "8", "--k", "256", "--isa", "sparc"], "not available"),
         (["--type", "q4_k", "--rows", "8", "--k", "256", "--bogus"], "unknown option"),
         (["--type"], "missing value"),
+        (["--type", "q4_k", "--rows", "8", "--k", "256", "--tokens", ""], "at least one"),
     ],
 )
 def test_kbench_refuses_bad_options(kbench, args, msg):

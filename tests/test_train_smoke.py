@@ -291,8 +291,10 @@ def test_reference_decoder_matches_runtime(run, tc):
 
 
 def test_no_convert_run_travels_through_gpu_pack(tc, tmp_path):
-    """--no-convert stops after the export; gpu_pack.py carries the run as a split tar (float16 large matrices,
-    float32 the rest) and rebuilds a folder that converts and loads."""
+    """--no-convert stops after the export; gpu_pack.py carries runs as a split tar (float16 large tensors,
+    float32 the rest) and rebuilds folders that convert and load: an exported run, a run stopped before its
+    export (its last checkpoint travels, with the export's config and tokenizer) and a run that left only
+    logs (it comes back as logs, the others unharmed)."""
     spec = importlib.util.spec_from_file_location("gpu_pack", SCRIPT.parent / "experiments" / "gpu_pack.py")
     gp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gp)
@@ -301,30 +303,66 @@ def test_no_convert_run_travels_through_gpu_pack(tc, tmp_path):
     assert sorted(p.name for p in data.iterdir()) == [
         "eval_tokens.npy", "tokenizer.model", "train.log", "train_tokens.npy"
     ]
-    (data / "train.log").unlink()
-    run = tmp_path / "run_tiny"
-    run.mkdir()
-    for f in data.iterdir():
-        (run / f.name).write_bytes(f.read_bytes())
-    assert tc.main([*TINY, "--out", str(run), "--no-convert"]) == 0
-    assert (run / "hf" / "model.safetensors").exists() and not (run / "clover-small.gguf").exists()
+    runs = {}
+    for name, extra in (("run_tiny", ["--no-convert"]), ("run_cut", ["--stop-after-steps", "2"]), ("run_dead", None)):
+        run = runs[name] = tmp_path / name
+        run.mkdir()
+        for f in gp.DATA_FILES:
+            (run / f).write_bytes((data / f).read_bytes())
+        if extra is None:
+            (run / "stdout.txt").write_text("CUDA out of memory\n")
+            continue
+        assert tc.main([*TINY, "--out", str(run), *extra]) == 0
+    assert (runs["run_tiny"] / "hf" / "model.safetensors").exists()
+    assert not (runs["run_tiny"] / "clover-small.gguf").exists()
+    assert (runs["run_cut"] / "ckpt.pt").exists() and not (runs["run_cut"] / "hf").exists()
     gp.PART = 100_000  # several parts even at this size
     gp.F16_MIN = 4096  # the tiny shape's matrices are below the real threshold
-    gp.pack(tmp_path / "back", [run])
+    gp.pack(tmp_path / "back", list(runs.values()))
     assert len(list((tmp_path / "back").glob("pack.tar.*"))) > 1
-    (back,) = gp.unpack(tmp_path / "back", tmp_path / "dest", data)
-    assert back.name == "tiny" and (back / "train.log").exists() and (back / "train_tokens.npy").exists()
+    back = gp.unpack(tmp_path / "back", tmp_path / "dest", data)
+    assert [b.name for b in back] == ["cut", "tiny"]
+    assert (tmp_path / "dest" / "dead" / "stdout.txt").read_text() == "CUDA out of memory\n"
     from safetensors.torch import load_file
 
-    want, got = load_file(str(run / "hf" / "model.safetensors")), load_file(str(back / "hf" / "model.safetensors"))
-    assert want.keys() == got.keys()
-    halves = 0
-    for k, t in want.items():
-        assert got[k].dtype == torch.float32
-        exp = t.half().float() if t.numel() >= 4096 else t
-        assert torch.equal(got[k], exp), k
-        halves += t.numel() >= 4096 and not torch.equal(got[k], t)
-    assert halves > 10  # the float16 path rounded the large matrices
-    tc.convert(back / "hf", back / "clover-small.gguf", "q8_0")
-    m = clover_cpu.load(back / "clover-small.gguf")
-    assert m.config.vocab_size == 1024
+    for b in back:
+        run = runs["run_" + b.name]
+        # the run's own log, not the --data-only one of train/data
+        assert (b / "train.log").read_text() == (run / "train.log").read_text()
+        assert (b / "train_tokens.npy").read_bytes() == (data / "train_tokens.npy").read_bytes()
+        if b.name == "tiny":
+            want = load_file(str(run / "hf" / "model.safetensors"))
+        else:
+            want = {k: v.float() for k, v in torch.load(run / "ckpt.pt", weights_only=False)["model"].items()}
+            assert (b / "FROM_CHECKPOINT").exists()
+        got = load_file(str(b / "hf" / "model.safetensors"))
+        assert want.keys() == got.keys()
+        halves = 0
+        for k, t in want.items():
+            assert got[k].dtype == torch.float32
+            exp = t.half().float() if t.numel() >= 4096 else t
+            assert torch.equal(got[k], exp), k
+            halves += t.numel() >= 4096 and not torch.equal(got[k], t)
+        assert halves > 10  # the float16 path rounded the large matrices
+        tc.convert(b / "hf", b / "clover-small.gguf", "q8_0")
+        m = clover_cpu.load(b / "clover-small.gguf")
+        assert m.config.vocab_size == 1024
+
+
+def test_medium_preset_converts_and_matches_the_runtime(tc, tmp_path):
+    """The GPU run's `medium` shape (6 attention heads over 2 kv heads, 3 GDN key heads for 6 value heads,
+    hidden 384): random weights exported, converted to f32 and loaded; the runtime's block-causal logits
+    equal the PyTorch model's."""
+    model = tc.Clover(tc.PRESETS["medium"])
+    model.init_weights(3)
+    model.eval()
+    data = tmp_path / "data"
+    assert tc.main(["--preset", "tiny", "--max-files", "40", "--out", str(data), "--data-only"]) == 0
+    tc.export(model, (data / "tokenizer.model").read_bytes(), tmp_path / "hf")
+    tc.convert(tmp_path / "hf", tmp_path / "m.gguf", "f32")
+    m = clover_cpu.load(tmp_path / "m.gguf", kv_type="f32")
+    B = model.shape.block_length
+    ids = np.random.default_rng(2).integers(5, model.shape.vocab_size, 3 * B)
+    with torch.no_grad():
+        want = model(torch.from_numpy(ids)[None], "block", B)[0].numpy()
+    check_close(m.forward(ids), want, 1e-4, "medium: block-causal forward")

@@ -116,7 +116,7 @@ SHIPPED_CONTEXT = 131072
 PRESETS = {
     # the shipped model: 8 layers (6 GDN + 2 attention), 8 experts top-2, 9.75M parameters, 5.0M active
     "small": Shape(),
-    # for a GPU run (--device cuda): 16.2M parameters, 9.1M active, ~17 MB as q8_0 (the 20 MB cap)
+    # for a GPU run (--device cuda): 16.1M parameters, 9.0M active, 17.3 MB as q8_0 (the cap is 20 MB)
     "medium": Shape(
         hidden_size=384,
         num_attention_heads=6,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build bench/native/kbench (a C++ timing of one kernel table's products, one thread, no Python) into OUT:
-# the kernel sources with the flags CMakeLists.txt gives them. x86-64 with GCC or Clang.
+# the kernel sources with the flags CMakeLists.txt gives them. x86-64, with a GCC or Clang that knows the
+# AVX-512 VNNI flags (as the package's own build needs: GCC 8+, Clang 6+).
 #
 #   bash bench/native/build_kbench.sh /tmp/kbench && /tmp/kbench/kbench --type q4_k --rows 512 --k 2048
 set -euo pipefail
@@ -10,32 +11,41 @@ src="$root/csrc"
 cxx="${CXX:-g++}"
 case "$(uname -m)" in x86_64|amd64) ;; *) echo "build_kbench.sh: x86-64 only (this is $(uname -m))" >&2; exit 2 ;; esac
 mkdir -p "$out"
-base=(-O3 -ffp-contract=off -std=c++17 -I"$src" -DCLOVER_HAVE_AVX2 -DCLOVER_HAVE_AVX512)
-avx2=(-mavx2 -mfma -mf16c)
-avx512=(-mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c -Wno-maybe-uninitialized)
-files=()
-build() {  # build NAME SOURCE [FLAGS...]
-    local name="$1" source="$2"
-    shift 2
-    "$cxx" "${base[@]}" "$@" -c "$source" -o "$out/$name.o" &
-    files+=("$out/$name.o")
-}
-avxvnni=()
+rm -f "$out"/*.o "$out/kbench"
+defs="-DCLOVER_HAVE_AVX2 -DCLOVER_HAVE_AVX512"
+vnni=0
 if echo 'int main(){}' | "$cxx" -mavxvnni -x c++ - -o /dev/null 2>/dev/null; then
-    base+=(-DCLOVER_HAVE_AVXVNNI)
-    avxvnni=(1)
+    defs="$defs -DCLOVER_HAVE_AVXVNNI"
+    vnni=1
 fi
-build quants "$src/quants.cpp"
-build quants_avx2 "$src/quants_avx2.cpp" "${avx2[@]}"
-wait
-build kernels_ref "$src/kernels_ref.cpp"
-build kernels_avx2 "$src/kernels_avx2.cpp" "${avx2[@]}"
-wait
-build kernels_avx512 "$src/kernels_avx512.cpp" "${avx512[@]}"
-if [[ -n "${avxvnni[*]}" ]]; then build kernels_avxvnni "$src/kernels_avxvnni.cpp" "${avx2[@]}" -mavxvnni; fi
-wait
-build dispatch "$src/dispatch.cpp"
-build kbench "$root/bench/native/kbench.cpp"
-wait
-"$cxx" "${files[@]}" -o "$out/kbench" -lpthread
+base="-O3 -ffp-contract=off -std=c++17 -I$src $defs"
+avx2="-mavx2 -mfma -mf16c"
+avx512="-mavx512f -mavx512bw -mavx512vl -mavx512vnni $avx2 -Wno-maybe-uninitialized"
+objs=""
+pids=""
+build() {  # build NAME SOURCE FLAGS: in the background; finish waits for every compile and fails with any
+    # shellcheck disable=SC2086
+    "$cxx" $base $3 -c "$2" -o "$out/$1.o" &
+    pids="$pids $!"
+    objs="$objs $out/$1.o"
+}
+finish() {
+    local p
+    for p in $pids; do wait "$p" || { echo "build_kbench.sh: a compile failed" >&2; exit 1; }; done
+    pids=""
+}
+build quants "$src/quants.cpp" ""
+build quants_avx2 "$src/quants_avx2.cpp" "$avx2"
+finish
+build kernels_ref "$src/kernels_ref.cpp" ""
+build kernels_avx2 "$src/kernels_avx2.cpp" "$avx2"
+finish
+build kernels_avx512 "$src/kernels_avx512.cpp" "$avx512"
+if [[ $vnni == 1 ]]; then build kernels_avxvnni "$src/kernels_avxvnni.cpp" "$avx2 -mavxvnni"; fi
+finish
+build dispatch "$src/dispatch.cpp" ""
+build kbench "$root/bench/native/kbench.cpp" ""
+finish
+# shellcheck disable=SC2086
+"$cxx" $objs -o "$out/kbench" -lpthread
 echo "built $out/kbench"

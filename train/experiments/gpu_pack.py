@@ -1,8 +1,9 @@
 """Carry training runs back from the device machine and unpack them here (train/experiments/gpu_run.sh).
 
 The device returns at most 8 files of 16 MB, so `pack` writes each run's logs and weights into one tar split
-into 15 MB parts: the matrices of 100K or more values as float16 (the converter quantises them to q8_0, far
-coarser), everything else as float32. `unpack` rebuilds ordinary run folders: logs, the token streams and
+into 15 MB parts: the tensors of 16384 or more values as float16 (the converter quantises those matrices to
+q8_0, far coarser), the rest (norms, gates, conv) as float32. A run cut before its export travels as its last
+checkpoint's weights, with the export's config and tokenizer files. `unpack` rebuilds ordinary run folders: logs, the token streams and
 tokenizer of train/data/ (what the device trained on), and hf/ with model.safetensors in float32.
 
     python3 gpu_pack.py pack OUT RUN_DIR...     (on the device; RUN_DIR's name becomes the variant's)
@@ -22,11 +23,27 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parent / "data"
+DATA_FILES = ("tokenizer.model", "train_tokens.npy", "eval_tokens.npy")  # what --data-only makes
 LOGS = ("train.log", "stdout.txt", "plan.json", "history.json", "loss.png")
 HF = ("config.json", "tokenizer.model", "tokenizer_config.json")
 PART = 15_000_000
-F16_MIN = 100_000  # tensors of at least this many values travel as float16
+F16_MIN = 16_384  # tensors of at least this many values travel as float16 (norms, gates, conv: float32)
+
+
+def checkpoint_folder(run: Path, tmp: Path) -> dict:
+    """A run cut before its export: the last checkpoint's weights, with the config.json and tokenizer files of
+    an export, so the unpacked folder converts like any other."""
+    sys.path.insert(0, str(HERE.parent))
+    import train_clover as tc
+
+    ck = torch.load(run / "ckpt.pt", map_location="cpu", weights_only=False)
+    model = tc.Clover(tc.Shape(**ck["shape"]))
+    model.load_state_dict(ck["model"])
+    tc.export(model, (run / "tokenizer.model").read_bytes(), tmp)
+    (tmp / "FROM_CHECKPOINT").write_text(f"weights of ckpt.pt ({ck['state']['phase']} step {ck['state']['step']})\n")
+    return {k: t.float().contiguous() for k, t in model.state_dict().items()}
 
 
 def pack(out: Path, runs: list[Path]) -> None:
@@ -40,12 +57,15 @@ def pack(out: Path, runs: list[Path]) -> None:
             hf = run / "hf"
             if (hf / "model.safetensors").exists():
                 sd = load_file(str(hf / "model.safetensors"))
-                for name in HF:
-                    tar.add(hf / name, f"{v}/{name}")
-            elif (run / "ckpt.pt").exists():  # cut before the export: the last checkpoint's weights
-                sd = {k: t.float().cpu() for k, t in torch.load(run / "ckpt.pt", map_location="cpu")["model"].items()}
+            elif (run / "ckpt.pt").exists():
+                hf = run / "hf_ckpt"
+                sd = checkpoint_folder(run, hf)
+                tar.add(hf / "FROM_CHECKPOINT", f"{v}/FROM_CHECKPOINT")
             else:
+                print(f"{v}: no weights (neither hf/ nor ckpt.pt); logs only")
                 continue
+            for name in HF:
+                tar.add(hf / name, f"{v}/{name}")
             for name, part in (
                 ("f32.safetensors", {k: t.contiguous() for k, t in sd.items() if t.numel() < F16_MIN}),
                 ("f16.safetensors", {k: t.half().contiguous() for k, t in sd.items() if t.numel() >= F16_MIN}),
@@ -62,12 +82,18 @@ def pack(out: Path, runs: list[Path]) -> None:
 
 
 def unpack(src: Path, dest: Path, data: Path = DATA) -> list[Path]:
+    """Run folders DEST/VARIANT for the variants that came back with weights; a variant with logs only gets
+    its logs (and a message)."""
     parts = sorted(src.glob("pack.tar.*"))
     if not parts:
         raise SystemExit(f"no pack.tar.* parts in {src}")
     tmp = dest / "_pack"
+    shutil.rmtree(tmp, ignore_errors=True)
     with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
-        tar.extractall(tmp, filter="data")
+        try:
+            tar.extractall(tmp, filter="data")
+        except TypeError:  # Pythons before the tarfile filters (3.11.4, 3.10.12, 3.9.17): our own archive
+            tar.extractall(tmp)
     runs = []
     for vdir in sorted(tmp.iterdir()):
         run = dest / vdir.name
@@ -75,11 +101,14 @@ def unpack(src: Path, dest: Path, data: Path = DATA) -> list[Path]:
         for f in vdir.iterdir():
             if f.suffix != ".safetensors":
                 shutil.copy(f, run / "hf" / f.name if f.name in HF else run / f.name)
+        if not (vdir / "f32.safetensors").exists():
+            print(f"{run}: logs only (the run came back without weights)")
+            continue
         sd = load_file(str(vdir / "f32.safetensors"))
         sd.update({k: t.float() for k, t in load_file(str(vdir / "f16.safetensors")).items()})
         save_file(sd, str(run / "hf" / "model.safetensors"))
-        for f in data.iterdir():
-            shutil.copy(f, run / f.name)
+        for name in DATA_FILES:
+            shutil.copy(data / name, run / name)
         runs.append(run)
         print(f"{run}: unpacked")
     shutil.rmtree(tmp)
