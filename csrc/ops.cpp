@@ -54,24 +54,6 @@ void gemm_rows(gemm_fn fn, const WeightView& W, const uint8_t* Xq, size_t xrb, i
     }
 }
 
-// Activation rows [m0, m1) of X quantized for weights of type t, on the calling thread.
-void quantize_act_rows(Type t, const float* X, int64_t m0, int64_t m1, int64_t K, uint8_t* out) {
-    const size_t rb = act_row_bytes(t, K);
-    for (int64_t m = m0; m < m1; m++) {
-        switch (act_format(t)) {
-            case ActFormat::Q8_A:
-                quantize_act_q8_a(X + m * K, (block_q8_a*)(out + m * rb), K);
-                break;
-            case ActFormat::Q8_K:
-                quantize_act_q8_K(X + m * K, (block_q8_K*)(out + m * rb), K);
-                break;
-            case ActFormat::F32:
-                std::memcpy(out + m * rb, X + m * K, K * sizeof(float));
-                break;
-        }
-    }
-}
-
 std::atomic<int64_t> g_experts_prefetched{0};
 
 #if CLOVER_HAVE_MINCORE

@@ -442,6 +442,23 @@ size_t act_row_bytes(Type t, int64_t k) {
     }
 }
 
+void quantize_act_rows(Type t, const float* X, int64_t m0, int64_t m1, int64_t K, uint8_t* out) {
+    const size_t rb = act_row_bytes(t, K);
+    for (int64_t m = m0; m < m1; m++) {
+        switch (act_format(t)) {
+            case ActFormat::Q8_A:
+                quantize_act_q8_a(X + m * K, (block_q8_a*)(out + m * rb), K);
+                break;
+            case ActFormat::Q8_K:
+                quantize_act_q8_K(X + m * K, (block_q8_K*)(out + m * rb), K);
+                break;
+            case ActFormat::F32:
+                std::memcpy(out + m * rb, X + m * K, K * sizeof(float));
+                break;
+        }
+    }
+}
+
 void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t k) {
     const TypeInfo* ti = type_info((int32_t)t);
     const size_t rb = row_bytes(*ti, k);

@@ -36,6 +36,9 @@ struct ActQuant {
     void (*q8_K)(const float* x, block_q8_K* y, int64_t k);
 };
 const ActQuant& act_quant_ref();
+// Activation rows [m0, m1) of X[., K] in the format weights of type t multiply against (act_format:
+// q8_a, q8_K or fp32), row m at out + m * act_row_bytes(t, K); on the calling thread.
+void quantize_act_rows(Type t, const float* X, int64_t m0, int64_t m1, int64_t K, uint8_t* out);
 const ActQuant* act_quant_avx2();  // null where the build has no AVX2 file
 
 }  // namespace clover

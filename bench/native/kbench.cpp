@@ -34,18 +34,6 @@ namespace {
     std::exit(2);
 }
 
-void quantize_acts_rows(Type t, const float* x, int M, int64_t K, uint8_t* out) {
-    const size_t rb = act_row_bytes(t, K);
-    for (int m = 0; m < M; m++) {
-        if (act_format(t) == ActFormat::Q8_K)
-            quantize_act_q8_K(x + m * K, (block_q8_K*)(out + m * rb), K);
-        else if (act_format(t) == ActFormat::Q8_A)
-            quantize_act_q8_a(x + m * K, (block_q8_a*)(out + m * rb), K);
-        else
-            std::memcpy(out + m * rb, x + m * K, K * sizeof(float));
-    }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,7 +92,7 @@ int main(int argc, char** argv) {
     for (float& v : xf) v = nd(gen);
     std::vector<uint8_t> w((size_t)rows * wrb), xq((size_t)maxM * xrb);
     quantize_rows(t, wf.data(), w.data(), rows, K);
-    quantize_acts_rows(t, xf.data(), maxM, K, xq.data());
+    quantize_act_rows(t, xf.data(), 0, maxM, K, xq.data());
     // from memory: copies of the matrix filling 512 MB, far more than a last-level cache
     const int64_t n_mats = dram ? std::max<int64_t>(2, (512ll << 20) / (int64_t)w.size()) : 1;
     std::vector<uint8_t> all((size_t)n_mats * w.size());

@@ -15,7 +15,7 @@ MIN=${MIN:-8}
 DEVICE=${DEVICE:-cuda}   # DEVICE=cpu AR_BATCH=2 DIFF_BATCH=2 MIN=0.5: a dry run anywhere
 AR_BATCH=${AR_BATCH:-64}
 DIFF_BATCH=${DIFF_BATCH:-128}
-[[ -s train/data/train_tokens.npy && -s train/data/tokenizer.model ]] || {
+[[ -s train/data/train_tokens.npy && -s train/data/eval_tokens.npy && -s train/data/tokenizer.model ]] || {
     echo "gpu_run.sh: train/data/ is missing: make it with --data-only and carry it" >&2
     exit 2
 }
@@ -24,7 +24,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, sentencepiece, safetensors, numpy; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 for v in small medium; do
-    rm -rf "/tmp/run_$v" && mkdir -p "/tmp/run_$v" && cp train/data/* "/tmp/run_$v/"
+    # (the three files --data-only makes, as gpu_pack.py's DATA_FILES; not its train.log)
+    rm -rf "/tmp/run_$v" && mkdir -p "/tmp/run_$v" &&
+        cp train/data/tokenizer.model train/data/train_tokens.npy train/data/eval_tokens.npy "/tmp/run_$v/"
     # (a run past its budget is stopped so that the pack still happens: it then sends its last checkpoint)
     timeout "$(python3 -c "print(int($MIN * 60 + 45))")" python3 train/train_clover.py --out "/tmp/run_$v" --preset "$v" --device "$DEVICE" --minutes "$MIN" --no-convert \
         --ar-batch "$AR_BATCH" --diff-batch "$DIFF_BATCH" --log-every 50 --eval-every 250 --save-minutes 3 --threads 2 \
