@@ -20,11 +20,12 @@ def set_num_threads(n: int) -> None:
 
 
 def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16",
-         prefetch: str = "auto"):
-    """Open a clover or qwen35moe GGUF file (validated, weights memory-mapped in place)."""
+         prefetch: str = "auto", repack: str = "auto"):
+    """Open a clover or qwen35moe GGUF file (validated, weights memory-mapped in place; see
+    clover_cpu.model.load for the options)."""
     from .model import load as _load
 
-    return _load(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch)
+    return _load(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch, repack=repack)
 
 
 def _init_threads() -> None:

@@ -35,6 +35,21 @@ def dequantize(data: np.ndarray, fmt: str) -> np.ndarray:
     return _core.dequantize(data, fmt)
 
 
+def repack_q4_k_r16(ws, *, release: bool = False) -> list[np.ndarray]:
+    """q4_k weights, each [rows, row_bytes] or stacked experts [E, rows, row_bytes] with rows a multiple of 16
+    -> the same shapes in format "q4_k_r16": 16 rows per group, one row per vector lane, scales decoded (148
+    bytes per row and super-block against 144). The same weights. The results are views of one buffer of
+    their own; release drops each source's whole pages from this process once it is copied (for views of a
+    mapped file: the pages stay in the page cache)."""
+    return _core.repack_q4_k_r16(list(ws), release=release)
+
+
+def has_native_q4_k_r16(isa: str | None = None) -> bool:
+    """Whether the kernels (the active ones, or isa's) have a q4_k_r16 product of their own (AVX-512 VNNI);
+    the others multiply it with the scalar reference loops."""
+    return _core.has_native_q4_k_r16(isa)
+
+
 def matmul(x: np.ndarray, w: np.ndarray, fmt: str, *, isa: str | None = None) -> np.ndarray:
     """y[M, N] = x[M, K] @ W[N, K]^T with W in format fmt; activations quantized on the fly."""
     return _core.matmul(x, w, fmt, isa=isa)

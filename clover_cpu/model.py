@@ -151,6 +151,11 @@ class Cache:
 KV_TYPES = {"f16": np.float16, "f32": np.float32, "q8_0": np.uint8}  # attention cache element types
 PREFETCH_MODES = ("auto", "on", "off")  # routed experts not in memory: read ahead (csrc/ops.cpp)
 PREFETCH_QUIET = 8  # auto: forwards without a disk read before the residency checks stop
+REPACK_MODES = ("auto", "on", "off")  # q4_k weights -> q4_k_r16 at load (csrc/formats.h)
+REPACK_SHARE = 0.5  # auto: only a file that takes at most this share of the memory available
+REPACKED = {"attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta", "ssm_out", "attn_q", "attn_k", "attn_v", "attn_output",
+            "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp",
+            "ffn_down_shexp"}  # the layer weights repack may copy (blk.N.NAME.weight)
 
 
 def memory_for_files() -> int | None:
@@ -202,7 +207,7 @@ class Model:
     """A Clover or Qwen3.5-MoE model from a GGUF file, mapped in place."""
 
     def __init__(self, path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16",
-                 prefetch: str = "auto"):
+                 prefetch: str = "auto", repack: str = "auto"):
         from . import set_num_threads
 
         if threads is not None:
@@ -215,6 +220,8 @@ class Model:
         if prefetch not in PREFETCH_MODES:
             raise ValueError(f"prefetch must be one of {', '.join(PREFETCH_MODES)}")
         self.prefetch = prefetch
+        if repack not in REPACK_MODES:
+            raise ValueError(f"repack must be one of {', '.join(REPACK_MODES)}")
         # True: each token mixer (GDN or attention) and each feed-forward runs as one C++ call
         # (csrc/layers.h); False: the operator-by-operator Python code below (_gated_deltanet, _attention,
         # _moe), the same results bit for bit.
@@ -231,6 +238,14 @@ class Model:
             room = memory_for_files()
             self._auto = prefetch == "auto" and room is not None and self.file.path.stat().st_size > room
             self._prefetching, self._quiet, self._reads = prefetch == "on" or self._auto, 0, _disk_reads()
+            # q4_k layer weights repacked into memory of their own (16 rows per group: the kernels keep a
+            # row per vector lane), the file's pages released as each is done. auto: where the kernels
+            # have a q4_k_r16 kernel of their own (AVX-512 VNNI) and the file takes at most REPACK_SHARE of
+            # the memory available (a larger model pages from its file instead: the copy could not be
+            # evicted). The same weights; results differ from the file layout's in float rounding only.
+            self.repacked = repack == "on" or (
+                repack == "auto" and kernels.has_native_q4_k_r16() and room is not None
+                and self.file.path.stat().st_size <= REPACK_SHARE * room)
             self.config = Config.from_gguf(self.file)
             D = self.config.head_dim
             if kv_type == "q8_0" and D % 32:
@@ -257,8 +272,26 @@ class Model:
             raise GGUFError(f"tensor {name} has shape {list(ti.ne)}, expected {list(ne)}")
         return ti
 
+    def _repack_all(self) -> None:
+        """self._packed: name -> q4_k_r16 copy of each q4_k layer weight the model multiplies (rows of
+        each matrix or expert in whole groups of 16), all in one call: one buffer, each file range
+        released as it is copied."""
+        self._packed = {}
+        if not self.repacked:
+            return
+        names = []
+        for name, ti in self.file.tensors.items():
+            parts = name.split(".")
+            if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < self.config.n_layer
+                    and parts[2] in REPACKED and parts[3] == "weight" and ti.type_name == "q4_k"
+                    and len(ti.ne) >= 2 and ti.ne[1] % 16 == 0):
+                names.append(name)
+        self._packed = dict(zip(names, kernels.repack_q4_k_r16([self.file.data(n) for n in names], release=True)))
+
     def _matrix(self, name: str, ne: tuple[int, ...]) -> Matrix:
         ti = self._tensor(name, ne)
+        if name in self._packed:
+            return Matrix(self._packed[name], "q4_k_r16")
         return Matrix(self.file.data(name), ti.type_name)
 
     def _vector(self, name: str, ne: tuple[int, ...]) -> np.ndarray:
@@ -270,8 +303,8 @@ class Model:
 
     def _experts(self, name: str, ne: tuple[int, int, int]) -> Experts:
         ti = self._tensor(name, ne)
-        d = self.file.data(name)
-        return Experts(d.reshape(ne[2], ne[1], d.shape[1]), ti.type_name)
+        d, fmt = (self._packed[name], "q4_k_r16") if name in self._packed else (self.file.data(name), ti.type_name)
+        return Experts(d.reshape(ne[2], ne[1], d.shape[1]), fmt)
 
     def _load_weights(self) -> None:
         c = self.config
@@ -279,6 +312,7 @@ class Model:
         for fused in ("ffn_gate_up_exps", "attn_qkv_full"):
             if any(fused in n for n in self.file.tensors):
                 raise GGUFError(f"fused {fused} tensors are not supported; convert without fusing")
+        self._repack_all()
         self.embed = self._matrix("token_embd.weight", (H, V))
         self.output = self._matrix("output.weight", (H, V)) if "output.weight" in self.file.tensors else self.embed
         self.output_norm = self._vector("output_norm.weight", (H,))
@@ -534,11 +568,14 @@ class Model:
 
 
 def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16",
-         prefetch: str = "auto") -> Model:
+         prefetch: str = "auto", repack: str = "auto") -> Model:
     """Open a clover or qwen35moe GGUF file; weights stay memory-mapped in place. kv_type: the attention
     cache's element type: "f16" (default), "f32", or "q8_0" (ggml's Q8_0 blocks, 1.06 bytes per value: about
     half the memory of f16 at a long context; needs a head dim that is a multiple of 32). prefetch: routed
     experts whose weights are not in memory are read from the disk all at once, before any is computed:
     "auto" (default: when the file is larger than the memory free for it, checked while the disk is being
-    read), "on" (checked every forward, about 1 us per page checked), "off" (left to page faults)."""
-    return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch)
+    read), "on" (checked every forward, about 1 us per page checked), "off" (left to page faults). repack:
+    q4_k layer weights copied at load into a layout of 16 rows per group, which the AVX-512 kernels multiply
+    faster (the file's pages are released as each is copied, so memory grows by ~3%): "auto" (default:
+    where the CPU has those kernels and the file takes at most half the memory available), "on", "off"."""
+    return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch, repack=repack)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <new>
 #include <cmath>
 #include <cstdlib>
 #include <optional>
@@ -20,6 +21,10 @@
 
 #if defined(__GLIBC__)
 #include <malloc.h>
+#endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 namespace py = pybind11;
@@ -38,6 +43,12 @@ const TypeInfo& parse_type(const std::string& name) {
     const TypeInfo* ti = type_info_by_name(lower.c_str());
     if (!ti) fail("unknown format '" + name + "' (known: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)");
     return *ti;
+}
+
+// q4_k_r16 weights come in whole groups of 16 rows
+void check_groups(const TypeInfo& ti, int64_t rows, const char* what) {
+    if (ti.type == Type::Q4_K_R16 && rows % R16)
+        fail(std::string(what) + ": q4_k_r16 weights hold whole groups of 16 rows, got " + std::to_string(rows));
 }
 
 template <typename T>
@@ -64,6 +75,7 @@ WeightView weight_view(const py::array& w, const TypeInfo& ti, const char* what)
     if (rb == 0 || rb % ti.block_bytes != 0)
         fail(std::string(what) + ": row of " + std::to_string(rb) + " bytes is not a whole number of " + ti.name +
              " blocks (" + std::to_string(ti.block_bytes) + " bytes each)");
+    check_groups(ti, (int64_t)w.shape(0), what);
     return WeightView{ti.type, (const uint8_t*)w.data(), (int64_t)w.shape(0),
                       (int64_t)(rb / ti.block_bytes) * ti.block_size, rb};
 }
@@ -74,6 +86,7 @@ ExpertsView experts_view(const py::array& w, const TypeInfo& ti, const char* wha
     if (rb == 0 || rb % ti.block_bytes != 0)
         fail(std::string(what) + ": row of " + std::to_string(rb) + " bytes is not a whole number of " + ti.name +
              " blocks");
+    check_groups(ti, (int64_t)w.shape(1), what);
     ExpertsView v;
     v.w = WeightView{ti.type, (const uint8_t*)w.data(), (int64_t)w.shape(1),
                      (int64_t)(rb / ti.block_bytes) * ti.block_size, rb};
@@ -85,6 +98,7 @@ ExpertsView experts_view(const py::array& w, const TypeInfo& ti, const char* wha
 // the worker threads, so a converter can hand over raw checkpoint bytes.
 py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type, bool bf16) {
     const TypeInfo& ti = parse_type(type);
+    if (ti.type == Type::Q4_K_R16) fail("q4_k_r16 is a layout made from q4_k weights (repack_q4_k_r16), not a format to quantize to");
     enum { F32, F16, BF16 } src;
     if (bf16) {
         check_array<uint16_t>(x, "x", 2, "uint16 (bf16 bits)");
@@ -154,13 +168,82 @@ py::array_t<float> py_dequantize(const py::array& data, const std::string& type)
     float* dst = out.mutable_data();
     {
         py::gil_scoped_release nogil;
-        const int64_t chunk = std::max<int64_t>(1, (1 << 16) / w.k);
+        int64_t chunk = std::max<int64_t>(1, (1 << 16) / w.k);
+        if (ti.type == Type::Q4_K_R16) chunk = (chunk + R16 - 1) / R16 * R16;
         pool()->run((w.rows + chunk - 1) / chunk, [&](int64_t t, int) {
             const int64_t r0 = t * chunk, r1 = std::min(w.rows, r0 + chunk);
             dequantize_rows(ti.type, w.data + r0 * w.row_bytes, dst + r0 * w.k, r1 - r0, w.k);
         });
     }
     return out;
+}
+
+// q4_K weight arrays -> the same shapes in q4_k_r16 (148 bytes per row and super-block): [rows, row_bytes]
+// or stacked experts [E, rows, row_bytes], rows a multiple of 16. The results are views of one buffer of
+// their own, 2 MB aligned (huge pages where the kernel gives them on request; one buffer, so no huge page
+// is left part-filled at the end of each array). release: each source's whole pages are dropped from this
+// process's memory once it is repacked (MADV_DONTNEED: a mapped file's pages stay in the page cache and
+// fault back in if read), so the process never holds both copies.
+py::list py_repack_q4_k_r16(const py::sequence& ws, bool release) {
+    struct Job {
+        py::array w;
+        int64_t E, rows, k;
+        size_t rb, orb, offset;
+    };
+    std::vector<Job> jobs;
+    size_t total = 0;
+    for (size_t i = 0; i < py::len(ws); i++) {
+        const std::string what = "w[" + std::to_string(i) + "]";
+        if (!py::isinstance<py::array>(ws[i])) fail(what + " is not an array");
+        py::array w = py::reinterpret_borrow<py::array>(ws[i]);
+        if (!w.dtype().is(py::dtype::of<uint8_t>())) fail(what + " must have dtype uint8");
+        if (w.ndim() != 2 && w.ndim() != 3) fail(what + " must be 2-D [rows, row_bytes] or 3-D [experts, rows, row_bytes]");
+        if (!(w.flags() & py::array::c_style)) fail(what + " must be C-contiguous");
+        const int nd = (int)w.ndim();
+        Job j{w, nd == 3 ? (int64_t)w.shape(0) : 1, (int64_t)w.shape(nd - 2), 0, (size_t)w.shape(nd - 1), 0, 0};
+        if (j.rb == 0 || j.rb % sizeof(block_q4_K)) fail(what + ": rows are not whole q4_k super-blocks (144 bytes each)");
+        if (j.rows % R16) fail(what + ": repacking takes rows in groups of 16, got " + std::to_string(j.rows) + " rows");
+        j.k = (int64_t)(j.rb / sizeof(block_q4_K)) * QK_K;
+        j.orb = (size_t)(j.k / QK_K) * (sizeof(block_q4_K_r16) / R16);
+        j.offset = total;
+        total += ((size_t)j.E * j.rows * j.orb + 63) / 64 * 64;
+        jobs.push_back(std::move(j));
+    }
+    constexpr size_t ALIGN = 2u << 20;
+    const size_t bytes = std::max<size_t>(ALIGN, (total + ALIGN - 1) / ALIGN * ALIGN);
+    uint8_t* out = (uint8_t*)::operator new(bytes, std::align_val_t(ALIGN));
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(out, bytes, MADV_HUGEPAGE);
+#endif
+    py::capsule owner(out, [](void* p) { ::operator delete(p, std::align_val_t(ALIGN)); });
+    {
+        py::gil_scoped_release nogil;
+        for (const Job& j : jobs) {
+            const uint8_t* src = (const uint8_t*)j.w.data();
+            const int64_t n = j.E * j.rows / R16;  // groups (an expert's rows are whole groups)
+            const int64_t chunk = std::max<int64_t>(1, (int64_t)((1 << 20) / (R16 * j.rb)));
+            pool()->run((n + chunk - 1) / chunk, [&](int64_t t, int) {
+                repack_q4_K_r16(src, j.rb, t * chunk, std::min(n, (t + 1) * chunk), j.k, out + j.offset);
+            });
+#if defined(__unix__) || defined(__APPLE__)
+            if (release) {
+                const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+                const uintptr_t a = ((uintptr_t)src + page - 1) / page * page;
+                const uintptr_t b = ((uintptr_t)src + (size_t)j.E * j.rows * j.rb) / page * page;
+                if (b > a) madvise((void*)a, b - a, MADV_DONTNEED);
+            }
+#endif
+        }
+    }
+    py::list res;
+    for (const Job& j : jobs) {
+        std::vector<py::ssize_t> shape;
+        if (j.w.ndim() == 3) shape.push_back((py::ssize_t)j.E);
+        shape.push_back((py::ssize_t)j.rows);
+        shape.push_back((py::ssize_t)j.orb);
+        res.append(py::array_t<uint8_t>(shape, out + j.offset, owner));
+    }
+    return res;
 }
 
 py::array_t<float> py_matmul(const py::array& x, const py::array& w, const std::string& type,
@@ -584,6 +667,11 @@ PYBIND11_MODULE(_core, m) {
     m.def("set_fast_quant_search", &set_fast_quant_search, py::arg("fast"),
           "k-quant quantizers: True = the active ISA's search (default), False = the scalar reference");
     m.def("dequantize", &py_dequantize, py::arg("data"), py::arg("type"));
+    m.def("repack_q4_k_r16", &py_repack_q4_k_r16, py::arg("ws"), py::kw_only(), py::arg("release") = false);
+    m.def(
+        "has_native_q4_k_r16",
+        [](const std::optional<std::string>& isa) { return has_native_q4_K_r16(kernels_arg(isa)); },
+        py::arg("isa") = py::none());
     m.def("quantize_acts", &py_quantize_acts, py::arg("x"), py::arg("kind"), py::arg("simd"));
     m.def("matmul", &py_matmul, py::arg("x"), py::arg("w"), py::arg("type"), py::kw_only(),
           py::arg("isa") = py::none());

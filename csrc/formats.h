@@ -21,6 +21,9 @@ enum class Type : int32_t {
     Q5_K = 13,
     Q6_K = 14,
     BF16 = 30,
+    // Not a GGUF type: q4_K rows repacked at load in groups of 16 (block_q4_K_r16), for kernels that keep
+    // one weight row per vector lane. Never read from or written to a file (type_table leaves it out).
+    Q4_K_R16 = 1012,
 };
 
 // x = d * (q - 8), q in 0..15; low nibbles are weights 0..15, high nibbles 16..31.
@@ -46,6 +49,19 @@ struct block_q4_K {
     uint8_t qs[QK_K / 2];
 };
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K is 144 bytes");
+
+// 16 rows of one q4_K super-block, repacked (repack_q4_K_r16): the same values, rows in the lanes of a
+// 16-lane vector. scales and mins decoded to bytes; qs[c][t][r] holds row r's bytes 4t..4t+3 of chunk c
+// (sub-block 2c in low nibbles, 2c+1 in high). A row's share is 148 bytes (144 in the file).
+struct block_q4_K_r16 {
+    uint16_t d[16];     // fp16, per row
+    uint16_t dmin[16];  // fp16, per row
+    uint8_t sc[8][16];  // [sub-block][row]
+    uint8_t mn[4][16][2];  // [chunk][row][sub-block 2c, 2c+1]: int16 pairs after widening
+    uint8_t qs[4][8][16][4];
+};
+static_assert(sizeof(block_q4_K_r16) == 2368, "block_q4_K_r16 is 2368 bytes");
+constexpr int R16 = 16;  // rows per group of the repacked layout
 
 // As q4_K with a fifth bit per weight in qh (bit 2c / 2c+1 for chunk c, low / high nibble).
 struct block_q5_K {

@@ -25,6 +25,10 @@ struct Kernels {
     gemm_fn gemm_q4_K;
     gemm_fn gemm_q5_K;
     gemm_fn gemm_q6_K;
+    // q4_K repacked at load (block_q4_K_r16): rows [n0, n1) in whole groups of 16 on SIMD tables. Tables
+    // without a kernel of their own carry the reference one; the loader repacks only for those that have one
+    // (has_native_q4_K_r16).
+    gemm_fn gemm_q4_K_r16;
 
     gemm_fn gemm(Type t) const {
         switch (t) {
@@ -36,12 +40,17 @@ struct Kernels {
             case Type::Q4_K: return gemm_q4_K;
             case Type::Q5_K: return gemm_q5_K;
             case Type::Q6_K: return gemm_q6_K;
+            case Type::Q4_K_R16: return gemm_q4_K_r16;
         }
         return nullptr;
     }
 };
 
 const Kernels& kernels_ref();
+void gemm_q4_K_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K, int M,
+                       float* Y, int64_t ldy, int64_t n0, int64_t n1);
+// Whether the table multiplies q4_K_r16 weights with a kernel of its own (not the reference loops).
+inline bool has_native_q4_K_r16(const Kernels& k) { return k.gemm_q4_K_r16 != &gemm_q4_K_r16_ref; }
 // Defined only in builds that compile the ISA file; null when the host compiler cannot target it.
 const Kernels* kernels_avx2();
 const Kernels* kernels_avx512();  // the AVX2 table with AVX-512 VNNI k-quant kernels

@@ -339,6 +339,7 @@ const Kernels AVX2 = {
     gemm_kquant<TileQ4_K, KindQ45KV<DotMaddubs, false>>,
     gemm_kquant<TileQ5_K, KindQ45KV<DotMaddubs, true>>,
     gemm_kquant<TileQ6_K, KindQ6KV<DotMaddubs>>,
+    gemm_q4_K_r16_ref,  // (the loader does not repack for this table)
 };
 
 }  // namespace

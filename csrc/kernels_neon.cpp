@@ -302,6 +302,7 @@ const Kernels NEON = {
     gemm_tiled<TileQ4_K, 4, 2>,
     gemm_tiled<TileQ5_K, 4, 2>,
     gemm_tiled<TileQ6_K, 4, 2>,
+    gemm_q4_K_r16_ref,  // (the loader does not repack for this table)
 };
 
 }  // namespace

@@ -143,7 +143,43 @@ void gemm_q6_K(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t
                             });
 }
 
-const Kernels REF = {"ref", "ref", gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, gemm_q4_0, gemm_q4_K, gemm_q5_K, gemm_q6_K};
+}  // namespace
+
+// q4_K repacked by 16 rows: the integers and float operations of gemm_q4_K (dot_qk_super), so the two give
+// the same results bit for bit. Rows [n0, n1) may start and end anywhere; the group is n / 16.
+void gemm_q4_K_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y,
+                       int64_t ldy, int64_t n0, int64_t n1) {
+    const int64_t nsb = K / QK_K;
+    for (int64_t n = n0; n < n1; n++) {
+        const block_q4_K_r16* g = (const block_q4_K_r16*)(W + (size_t)(n / R16) * R16 * wb);
+        const int r = (int)(n % R16);
+        for (int m = 0; m < M; m++) {
+            const block_q8_K* xr = (const block_q8_K*)(X + m * xb);
+            float sum = 0.f;
+            for (int64_t b = 0; b < nsb; b++) {
+                const block_q4_K_r16& p = g[b];
+                const block_q8_K& x = xr[b];
+                int32_t sum_q = 0, sum_m = 0;
+                for (int j = 0; j < 8; j++) {
+                    int32_t s = 0;
+                    for (int l = 0; l < 32; l++) {
+                        const uint8_t byte = p.qs[j / 2][l / 4][r][l % 4];
+                        s += ((j & 1) ? byte >> 4 : byte & 0xf) * x.qs[32 * j + l];
+                    }
+                    sum_q += p.sc[j][r] * s;
+                    sum_m += p.mn[j / 2][r][j & 1] * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
+                }
+                sum += x.d * (fp16_to_f32(p.d[r]) * (float)sum_q - fp16_to_f32(p.dmin[r]) * (float)sum_m);
+            }
+            Y[m * ldy + n] = sum;
+        }
+    }
+}
+
+namespace {
+
+const Kernels REF = {"ref",     "ref",     gemm_f32,  gemm_f16,  gemm_bf16,         gemm_q8_0,
+                     gemm_q4_0, gemm_q4_K, gemm_q5_K, gemm_q6_K, gemm_q4_K_r16_ref};
 
 }  // namespace
 

@@ -394,6 +394,8 @@ const TypeInfo TYPES[] = {
     {Type::Q4_K, "q4_k", QK_K, (int)sizeof(block_q4_K)},
     {Type::Q5_K, "q5_k", QK_K, (int)sizeof(block_q5_K)},
     {Type::Q6_K, "q6_k", QK_K, (int)sizeof(block_q6_K)},
+    // a row's share of its group: 16 rows of a super-block are one block_q4_K_r16
+    {Type::Q4_K_R16, "q4_k_r16", QK_K, (int)sizeof(block_q4_K_r16) / R16},
 };
 
 }  // namespace
@@ -403,6 +405,49 @@ const QuantSearch& quant_search_ref() { return REF_SEARCH; }
 void set_fast_quant_search(bool fast) {
     const QuantSearch* avx2 = quant_search_avx2();
     g_search = fast && avx2 && std::strcmp(active_kernels().family, "avx2") == 0 ? avx2 : &REF_SEARCH;
+}
+
+void repack_q4_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    const int64_t nsb = k / QK_K;
+    for (int64_t g = g0; g < g1; g++) {
+        block_q4_K_r16* out = (block_q4_K_r16*)dst + g * nsb;
+        for (int r = 0; r < R16; r++) {
+            const block_q4_K* row = (const block_q4_K*)(src + (size_t)(g * R16 + r) * src_row_bytes);
+            for (int64_t s = 0; s < nsb; s++) {
+                const block_q4_K& b = row[s];
+                block_q4_K_r16& p = out[s];
+                p.d[r] = b.d;
+                p.dmin[r] = b.dmin;
+                for (int j = 0; j < 8; j++) {
+                    uint8_t sc, m;
+                    scale_min_k4(j, b.scales, &sc, &m);
+                    p.sc[j][r] = sc;
+                    p.mn[j / 2][r][j & 1] = m;
+                }
+                for (int c = 0; c < 4; c++)
+                    for (int t = 0; t < 8; t++) std::memcpy(p.qs[c][t][r], b.qs + 32 * c + 4 * t, 4);
+            }
+        }
+    }
+}
+
+void dequantize_q4_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
+    const int64_t nsb = k / QK_K;
+    for (int64_t g = 0; g < n_groups; g++)
+        for (int64_t s = 0; s < nsb; s++) {
+            const block_q4_K_r16& p = ((const block_q4_K_r16*)src)[g * nsb + s];
+            for (int r = 0; r < R16; r++) {
+                float* y = dst + (g * R16 + r) * k + s * QK_K;
+                const float d = fp16_to_f32(p.d[r]), dmin = fp16_to_f32(p.dmin[r]);
+                for (int j = 0; j < 8; j++) {  // as dequantize_row_q4_K: d * sc * q - dmin * m
+                    const float dl = d * p.sc[j][r], ml = dmin * p.mn[j / 2][r][j & 1];
+                    for (int l = 0; l < 32; l++) {
+                        const uint8_t byte = p.qs[j / 2][l / 4][r][l % 4];
+                        y[32 * j + l] = dl * (float)((j & 1) ? byte >> 4 : byte & 0xf) - ml;
+                    }
+                }
+            }
+        }
 }
 
 const TypeInfo* type_info(int32_t type_id) {
@@ -425,6 +470,7 @@ ActFormat act_format(Type t) {
         case Type::Q4_K:
         case Type::Q5_K:
         case Type::Q6_K:
+        case Type::Q4_K_R16:
             return ActFormat::Q8_K;
         default:
             return ActFormat::F32;
@@ -490,11 +536,17 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
             case Type::Q6_K:
                 quantize_row_q6_K(x, (block_q6_K*)y, k);
                 break;
+            case Type::Q4_K_R16:  // a layout made by repack_q4_K_r16, not quantized to (callers refuse it)
+                break;
         }
     }
 }
 
 void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_t k) {
+    if (t == Type::Q4_K_R16) {
+        dequantize_q4_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
+        return;
+    }
     const TypeInfo* ti = type_info((int32_t)t);
     const size_t rb = row_bytes(*ti, k);
     for (int64_t r = 0; r < n_rows; r++) {
@@ -524,6 +576,8 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
                 break;
             case Type::Q6_K:
                 dequantize_row_q6_K((const block_q6_K*)x, y, k);
+                break;
+            case Type::Q4_K_R16:  // handled above, by groups of rows
                 break;
         }
     }

@@ -1,0 +1,170 @@
+"""q4_k weights repacked at load into groups of 16 rows (format "q4_k_r16", csrc/formats.h): the same
+weights, the reference kernel's results bit for bit, every ISA's within rounding, the model's forward
+with and without it."""
+
+import mmap
+
+import numpy as np
+import pytest
+
+import clover_cpu
+from clover_cpu import kernels
+
+from conftest import check_close
+
+ISAS = clover_cpu.system_info()["available_isas"]
+TOL_VS_REF = 2e-5  # the same integer sums; the float work in another order
+
+
+def q4k(rng, rows, k, scale=1.0):
+    return kernels.quantize((rng.standard_normal((rows, k)) * scale).astype(np.float32), "q4_k")
+
+
+@pytest.mark.parametrize("rows,k", [(16, 256), (48, 768), (512, 2048)])
+def test_repack_is_lossless(rows, k, rng):
+    q = q4k(rng, rows, k)
+    (r,) = kernels.repack_q4_k_r16([q])
+    assert r.dtype == np.uint8 and r.shape == (rows, k // 256 * 148)
+    assert np.array_equal(kernels.dequantize(r, "q4_k_r16"), kernels.dequantize(q, "q4_k"))
+    # stacked experts keep their shape; several arrays share one buffer, each its own view
+    e = q4k(rng, 3 * 32, k).reshape(3, 32, -1)
+    r2, r3 = kernels.repack_q4_k_r16([q, e])
+    assert r3.shape == (3, 32, k // 256 * 148) and np.array_equal(r2, r)
+    for i in range(3):
+        assert np.array_equal(kernels.dequantize(np.ascontiguousarray(r3[i]), "q4_k_r16"),
+                              kernels.dequantize(np.ascontiguousarray(e[i]), "q4_k"))
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 70])
+def test_reference_kernel_is_the_file_layouts_bit_for_bit(m, rng):
+    q = q4k(rng, 48, 1024)
+    (r,) = kernels.repack_q4_k_r16([q])
+    x = rng.standard_normal((m, 1024)).astype(np.float32)
+    assert np.array_equal(kernels.matmul(x, r, "q4_k_r16", isa="ref"), kernels.matmul(x, q, "q4_k", isa="ref"))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 32, 64, 65, 130])
+@pytest.mark.parametrize("rows,k", [(16, 256), (80, 2048), (1024, 512)])
+def test_every_isa_matches_the_reference(m, rows, k, rng):
+    q = q4k(rng, rows, k)
+    (r,) = kernels.repack_q4_k_r16([q])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    ref = kernels.matmul(x, q, "q4_k", isa="ref")
+    for isa in ISAS:
+        check_close(kernels.matmul(x, r, "q4_k_r16", isa=isa), ref, TOL_VS_REF, f"{isa} M={m} {rows}x{k}")
+
+
+def test_native_kernel_where_avx512():
+    # the loader repacks only for kernels that have a product of their own; the others carry the loops
+    assert not kernels.has_native_q4_k_r16("ref")
+    for isa in ISAS:
+        assert kernels.has_native_q4_k_r16(isa) == (isa == "avx512")
+
+
+def test_matmul_many_and_moe(rng):
+    H, I, E, top_k, M = 512, 256, 6, 2, 9
+    a, b = q4k(rng, 64, H), kernels.quantize(rng.standard_normal((32, H)).astype(np.float32), "q8_0")
+    ra, = kernels.repack_q4_k_r16([a])
+    x = rng.standard_normal((M, H)).astype(np.float32)
+    ys = kernels.matmul_many(x, [(ra, "q4_k_r16"), (b, "q8_0"), (a, "q4_k")])
+    assert np.array_equal(ys[0], kernels.matmul(x, ra, "q4_k_r16"))  # matmul_many's contract holds
+    check_close(ys[0], ys[2], TOL_VS_REF, "matmul_many r16 vs q4_k")
+    gate, up = q4k(rng, E * I, H).reshape(E, I, -1), q4k(rng, E * I, H).reshape(E, I, -1)
+    down = q4k(rng, E * H, I).reshape(E, H, -1)
+    rg, ru, rd = kernels.repack_q4_k_r16([gate, up, down])
+    ids = np.stack([rng.permutation(E)[:top_k] for _ in range(M)]).astype(np.int32)
+    w = rng.random((M, top_k)).astype(np.float32)
+    for isa in ISAS:
+        want, n = kernels.moe(x, ids, w, gate, up, down, "q4_k", isa="ref")
+        got, n2 = kernels.moe(x, ids, w, rg, ru, rd, "q4_k_r16", isa=isa)
+        assert n == n2
+        if isa == "ref":
+            assert np.array_equal(got, want)
+        else:  # (the down products see activations quantized from slightly different values)
+            check_close(got, want, 1e-3, f"moe {isa}")
+
+
+def test_bad_input_is_refused(rng):
+    q = q4k(rng, 32, 256)
+    with pytest.raises(ValueError, match="groups of 16"):
+        kernels.repack_q4_k_r16([q[:8]])
+    with pytest.raises(ValueError, match="groups of 16"):
+        kernels.repack_q4_k_r16([np.ascontiguousarray(q.reshape(4, 8, -1))])
+    with pytest.raises(ValueError, match="144 bytes"):
+        kernels.repack_q4_k_r16([np.zeros((16, 100), np.uint8)])
+    with pytest.raises(ValueError, match="uint8"):
+        kernels.repack_q4_k_r16([q.astype(np.int16)])
+    with pytest.raises(ValueError, match="not an array"):
+        kernels.repack_q4_k_r16(["q"])
+    with pytest.raises(ValueError, match="not a format to quantize to"):
+        kernels.quantize(np.zeros((16, 256), np.float32), "q4_k_r16")
+    (r,) = kernels.repack_q4_k_r16([q])
+    x = np.zeros((1, 256), np.float32)
+    for bad in (lambda: kernels.matmul(x, np.ascontiguousarray(r[:8]), "q4_k_r16"),
+                lambda: kernels.dequantize(np.ascontiguousarray(r[:8]), "q4_k_r16")):
+        with pytest.raises(ValueError, match="groups of 16"):
+            bad()
+    # not a file format: a GGUF cannot name it
+    assert "q4_k_r16" not in kernels.FORMATS
+    assert kernels.repack_q4_k_r16([]) == []
+
+
+def test_release_leaves_the_mapped_file_readable(tmp_path, rng):
+    q = q4k(rng, 512, 2048)  # 1.2 MB: whole pages to release
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"\0" * 100 + q.tobytes())
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        view = np.frombuffer(mm, np.uint8, count=q.size, offset=100).reshape(q.shape)
+        (r,) = kernels.repack_q4_k_r16([view], release=True)
+        assert np.array_equal(view, q)  # the dropped pages fault back in from the file
+        assert np.array_equal(kernels.dequantize(r, "q4_k_r16"), kernels.dequantize(q, "q4_k"))
+        del view
+        mm.close()
+
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def q4_model(tmp_path_factory):
+    """A tiny Qwen3.5-MoE whose layer weights take q4_k (rows of 256), converted as Q4_K_M."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    from clover_cpu.convert.hf import convert
+    from clover_cpu.convert.synthetic import train_spm
+
+    d = tmp_path_factory.mktemp("q4")
+    cfg = Qwen3_5MoeTextConfig(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+        linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+        shared_expert_intermediate_size=256, vocab_size=512, rms_norm_eps=1e-6, max_position_embeddings=4096,
+        full_attention_interval=2, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25})
+    torch.manual_seed(0)
+    Qwen3_5MoeForCausalLM(cfg).eval().save_pretrained(d / "hf", safe_serialization=True)
+    (d / "hf" / "tokenizer.model").write_bytes(train_spm(512))
+    convert(d / "hf", d / "q4.gguf", out_type="q4_k_m", log=lambda s: None, progress=False)
+    return d / "q4.gguf"
+
+
+def test_model_forward_with_and_without_repack(q4_model):
+    ids = np.random.default_rng(1).integers(0, 512, 21)
+    off = clover_cpu.load(q4_model, repack="off")
+    on = clover_cpu.load(q4_model, repack="on")
+    assert not off.repacked and on.repacked
+    fmts = {name: w.fmt for name, w in on.layers[0].items() if hasattr(w, "fmt")}
+    assert fmts["gate_exps"] == fmts["up_exps"] == "q4_k_r16", fmts
+    assert "q4_k_r16" in {fmts["qkv"], fmts["z"], fmts["ssm_out"]}, fmts
+    assert on.embed.fmt != "q4_k_r16" and on.output.fmt != "q4_k_r16"
+    want = off.forward(ids)
+    check_close(on.forward(ids), want, 1e-4, "repacked forward")
+    # the fused layers and the operator-by-operator path see the repacked weights alike
+    on.fused = False
+    check_close(on.forward(ids), want, 1e-4, "repacked, operator path")
+    auto = clover_cpu.load(q4_model)
+    assert auto.repacked == kernels.has_native_q4_k_r16()
+    with pytest.raises(ValueError, match="repack must be one of"):
+        clover_cpu.load(q4_model, repack="yes")
