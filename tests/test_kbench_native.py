@@ -35,7 +35,7 @@ def run(kbench, *args):
     return subprocess.run([str(kbench), *args], capture_output=True, text=True, env=ENV, timeout=300)
 
 
-@pytest.mark.parametrize("fmt", ["q4_K", "q6_K", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_K", "q4_K_r16", "q6_K", "q8_0"])
 def test_kbench_table_and_json(kbench, tmp_path, fmt):
     js = tmp_path / "k.json"
     r = run(kbench, "--type", fmt, "--rows", "48", "--k", "512", "--tokens", "1,2,3,9", "--reps", "1",
@@ -70,6 +70,7 @@ def test_kbench_every_isa_agrees_with_the_reference(kbench):
         (["--type", "q4_k", "--rows", "8", "--k", "256", "--bogus"], "unknown option"),
         (["--type"], "missing value"),
         (["--type", "q4_k", "--rows", "8", "--k", "256", "--tokens", ""], "at least one"),
+        (["--type", "q4_k_r16", "--rows", "8", "--k", "256"], "multiples of 16"),
     ],
 )
 def test_kbench_refuses_bad_options(kbench, args, msg):

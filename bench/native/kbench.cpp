@@ -5,6 +5,7 @@
 // one of its parts). Built by bench/native/build_kbench.sh.
 //
 //   kbench --type q4_K --rows 512 --k 2048 --isa avx512 --tokens 1,2,3,4,8 [--dram] [--json FILE]
+// (--type q4_k_r16: q4_K weights repacked as the loader does, checked against q4_K's reference product)
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -28,7 +29,7 @@ namespace {
 
 [[noreturn]] void usage(const char* msg) {
     std::fprintf(stderr,
-                 "kbench: %s\nusage: kbench --type q4_k|q5_k|q6_k|q8_0|q4_0|f16|bf16|f32 --rows N --k K [--isa ISA] "
+                 "kbench: %s\nusage: kbench --type q4_k|q4_k_r16|q5_k|q6_k|q8_0|q4_0|f16|bf16|f32 --rows N --k K [--isa ISA] "
                  "[--tokens 1,2,4,8] [--dram] [--reps 7] [--json FILE] [--no-check]\n",
                  msg);
     std::exit(2);
@@ -82,23 +83,31 @@ int main(int argc, char** argv) {
         usage(("--isa: " + std::string(e.what())).c_str());
     }
     const Type t = ti->type;
+    // q4_k_r16: q4_K weights repacked as the loader does (repack_q4_K_r16), checked against q4_K's reference
+    const bool r16 = t == Type::Q4_K_R16;
+    const Type tq = r16 ? Type::Q4_K : t;
+    if (r16 && rows % R16) usage("--type q4_k_r16 takes --rows in multiples of 16");
     const int maxM = *std::max_element(tokens.begin(), tokens.end());
-    const size_t wrb = row_bytes(*ti, K), xrb = act_row_bytes(t, K);
+    const size_t qrb = row_bytes(*type_info((int32_t)tq), K), wrb = row_bytes(*ti, K), xrb = act_row_bytes(t, K);
 
     std::mt19937 gen(1);
     std::normal_distribution<float> nd;
     std::vector<float> wf((size_t)rows * K), xf((size_t)maxM * K);
     for (float& v : wf) v = nd(gen);
     for (float& v : xf) v = nd(gen);
-    std::vector<uint8_t> w((size_t)rows * wrb), xq((size_t)maxM * xrb);
-    quantize_rows(t, wf.data(), w.data(), rows, K);
+    std::vector<uint8_t> wq((size_t)rows * qrb), w((size_t)rows * wrb), xq((size_t)maxM * xrb);
+    quantize_rows(tq, wf.data(), wq.data(), rows, K);
+    if (r16)
+        repack_q4_K_r16(wq.data(), qrb, 0, rows / R16, K, w.data());
+    else
+        w = wq;
     quantize_act_rows(t, xf.data(), 0, maxM, K, xq.data());
     // from memory: copies of the matrix filling 512 MB, far more than a last-level cache
     const int64_t n_mats = dram ? std::max<int64_t>(2, (512ll << 20) / (int64_t)w.size()) : 1;
     std::vector<uint8_t> all((size_t)n_mats * w.size());
     for (int64_t i = 0; i < n_mats; i++) std::memcpy(all.data() + i * w.size(), w.data(), w.size());
 
-    const gemm_fn fn = kr->gemm(t), ref = kernels_ref().gemm(t);
+    const gemm_fn fn = kr->gemm(t), ref = kernels_ref().gemm(tq);
     std::vector<float> y((size_t)maxM * rows), yr((size_t)maxM * rows);
     const double sbs = (double)rows * (double)(K / QK_K);  // super-block rows per product
     std::printf("%s %lldx%lld, isa %s, %s, one thread\n", ti->name, (long long)rows, (long long)K, kr->isa,
@@ -111,7 +120,7 @@ int main(int argc, char** argv) {
     for (size_t ti_ = 0; ti_ < tokens.size(); ti_++) {
         const int M = tokens[ti_];
         fn(w.data(), wrb, xq.data(), xrb, K, M, y.data(), rows, 0, rows);
-        ref(w.data(), wrb, xq.data(), xrb, K, M, yr.data(), rows, 0, rows);
+        ref(wq.data(), qrb, xq.data(), xrb, K, M, yr.data(), rows, 0, rows);
         double err = 0, scale = 0;
         for (size_t i = 0; i < (size_t)M * rows; i++) {
             err = std::max(err, (double)std::fabs(y[i] - yr[i]));
