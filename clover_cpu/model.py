@@ -196,6 +196,12 @@ def memory_for_files() -> int | None:
     return avail
 
 
+def _core_isa() -> str:
+    from . import system_info
+
+    return system_info()["isa"]
+
+
 def _disk_reads() -> tuple[int, int]:
     """(major page faults of this process, experts requested from the disk): either moving means
     weights came from the disk."""
@@ -243,9 +249,12 @@ class Model:
             # have a q4_k_r16 kernel of their own (AVX-512 VNNI) and the file takes at most REPACK_SHARE of
             # the memory available (a larger model pages from its file instead: the copy could not be
             # evicted). The same weights; results differ from the file layout's in float rounding only.
-            self.repacked = repack == "on" or (
-                repack == "auto" and kernels.has_native_q4_k_r16() and room is not None
-                and self.file.path.stat().st_size <= REPACK_SHARE * room)
+            native = kernels.has_native_q4_k_r16()
+            if repack == "on" and not native:
+                raise ValueError(f"repack on needs the AVX-512 VNNI kernels, and the kernels in use are "
+                                 f"{_core_isa()}: use repack auto or off")
+            self.repacked = native and (repack == "on" or (
+                repack == "auto" and room is not None and self.file.path.stat().st_size <= REPACK_SHARE * room))
             self.config = Config.from_gguf(self.file)
             D = self.config.head_dim
             if kv_type == "q8_0" and D % 32:
@@ -287,6 +296,7 @@ class Model:
                     and len(ti.ne) >= 2 and ti.ne[1] % 16 == 0):
                 names.append(name)
         self._packed = dict(zip(names, kernels.repack_q4_k_r16([self.file.data(n) for n in names], release=True)))
+        self.repacked = bool(self._packed)  # (False: the file holds no q4_k weight to copy)
 
     def _matrix(self, name: str, ne: tuple[int, ...]) -> Matrix:
         ti = self._tensor(name, ne)
@@ -577,5 +587,6 @@ def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_typ
     read), "on" (checked every forward, about 1 us per page checked), "off" (left to page faults). repack:
     q4_k layer weights copied at load into a layout of 16 rows per group, which the AVX-512 kernels multiply
     faster (the file's pages are released as each is copied, so memory grows by ~3%): "auto" (default:
-    where the CPU has those kernels and the file takes at most half the memory available), "on", "off"."""
+    where the CPU has those kernels and the file takes at most half the memory available), "on" (whatever
+    the file's size; an error without those kernels), "off"."""
     return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch, repack=repack)

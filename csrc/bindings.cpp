@@ -6,9 +6,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <new>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -178,12 +179,48 @@ py::array_t<float> py_dequantize(const py::array& data, const std::string& type)
     return out;
 }
 
+// This process's read-only shared mappings of files (/proc/self/maps; none where there is no such file):
+// the only memory whose pages MADV_DONTNEED can drop without losing data (they fault back in from the
+// file). An anonymous mapping's pages would come back as zeros, a private one's without its changes (a
+// private mapping made read-only after a write still holds them).
+struct Mapping {
+    uintptr_t lo, hi;
+};
+std::vector<Mapping> file_mappings() {
+    std::vector<Mapping> out;
+#if defined(__linux__)
+    FILE* f = std::fopen("/proc/self/maps", "r");
+    if (!f) return out;
+    char line[4096];
+    while (std::fgets(line, sizeof line, f)) {
+        unsigned long lo = 0, hi = 0, inode = 0;
+        char perms[8] = {};
+        if (std::sscanf(line, "%lx-%lx %7s %*s %*s %lu", &lo, &hi, perms, &inode) == 4 && perms[1] == '-' &&
+            perms[3] == 's' && inode != 0)
+            out.push_back({(uintptr_t)lo, (uintptr_t)hi});
+    }
+    std::fclose(f);
+#endif
+    return out;
+}
+
+// Whether [a, b) lies wholly in the mappings (adjacent ones may cover it together; maps are sorted).
+bool read_only_file_pages(const std::vector<Mapping>& maps, uintptr_t a, uintptr_t b) {
+    for (const Mapping& m : maps) {
+        if (m.hi <= a || m.lo > a) continue;
+        a = m.hi;
+        if (a >= b) return true;
+    }
+    return false;
+}
+
 // q4_K weight arrays -> the same shapes in q4_k_r16 (148 bytes per row and super-block): [rows, row_bytes]
 // or stacked experts [E, rows, row_bytes], rows a multiple of 16. The results are views of one buffer of
 // their own, 2 MB aligned (huge pages where the kernel gives them on request; one buffer, so no huge page
 // is left part-filled at the end of each array). release: each source's whole pages are dropped from this
-// process's memory once it is repacked (MADV_DONTNEED: a mapped file's pages stay in the page cache and
-// fault back in if read), so the process never holds both copies.
+// process's memory once it is repacked, where the source is a read-only mapping of a file (MADV_DONTNEED:
+// the pages stay in the page cache and fault back in if read), so the process never holds both copies;
+// other memory is left alone.
 py::list py_repack_q4_k_r16(const py::sequence& ws, bool release) {
     struct Job {
         py::array w;
@@ -209,6 +246,8 @@ py::list py_repack_q4_k_r16(const py::sequence& ws, bool release) {
         total += ((size_t)j.E * j.rows * j.orb + 63) / 64 * 64;
         jobs.push_back(std::move(j));
     }
+    const std::vector<Mapping> maps = release ? file_mappings() : std::vector<Mapping>{};
+    if (jobs.empty()) return py::list();
     constexpr size_t ALIGN = 2u << 20;
     const size_t bytes = std::max<size_t>(ALIGN, (total + ALIGN - 1) / ALIGN * ALIGN);
     uint8_t* out = (uint8_t*)::operator new(bytes, std::align_val_t(ALIGN));
@@ -225,12 +264,12 @@ py::list py_repack_q4_k_r16(const py::sequence& ws, bool release) {
             pool()->run((n + chunk - 1) / chunk, [&](int64_t t, int) {
                 repack_q4_K_r16(src, j.rb, t * chunk, std::min(n, (t + 1) * chunk), j.k, out + j.offset);
             });
-#if defined(__unix__) || defined(__APPLE__)
+#if defined(__linux__)
             if (release) {
                 const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
                 const uintptr_t a = ((uintptr_t)src + page - 1) / page * page;
                 const uintptr_t b = ((uintptr_t)src + (size_t)j.E * j.rows * j.rb) / page * page;
-                if (b > a) madvise((void*)a, b - a, MADV_DONTNEED);
+                if (b > a && read_only_file_pages(maps, a, b)) madvise((void*)a, b - a, MADV_DONTNEED);
             }
 #endif
         }

@@ -54,6 +54,28 @@ def test_every_isa_matches_the_reference(m, rows, k, rng):
         check_close(kernels.matmul(x, r, "q4_k_r16", isa=isa), ref, TOL_VS_REF, f"{isa} M={m} {rows}x{k}")
 
 
+def test_raw_blocks_and_extreme_activations(rng):
+    # every 6-bit scale and min and every nibble (raw bytes with finite fp16 d, dmin), against activation
+    # rows that quantize to +-127 throughout and to spikes
+    rows, k = 64, 1024
+    raw = rng.integers(0, 256, (rows, k // 256, 144), dtype=np.uint8)
+    halves = (rng.standard_normal((rows, k // 256, 2)) * 0.01).astype(np.float16).view(np.uint8)
+    raw[:, :, :4] = halves.reshape(rows, k // 256, 4)
+    q = np.ascontiguousarray(raw.reshape(rows, -1))
+    (r,) = kernels.repack_q4_k_r16([q])
+    assert np.array_equal(kernels.dequantize(r, "q4_k_r16"), kernels.dequantize(q, "q4_k"))
+    x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
+    x[0] = 1.0
+    x[1] = -1.0
+    x[2] = 0.0
+    x[3, ::97] = 1e4
+    for m in (1, 4, 9):
+        ref = kernels.matmul(x[:m], q, "q4_k", isa="ref")
+        assert np.array_equal(kernels.matmul(x[:m], r, "q4_k_r16", isa="ref"), ref)
+        for isa in ISAS:
+            check_close(kernels.matmul(x[:m], r, "q4_k_r16", isa=isa), ref, TOL_VS_REF, f"raw {isa} M={m}")
+
+
 def test_native_kernel_where_avx512():
     # the loader repacks only for kernels that have a product of their own; the others carry the loops
     assert not kernels.has_native_q4_k_r16("ref")
@@ -121,6 +143,20 @@ def test_release_leaves_the_mapped_file_readable(tmp_path, rng):
         assert np.array_equal(kernels.dequantize(r, "q4_k_r16"), kernels.dequantize(q, "q4_k"))
         del view
         mm.close()
+    # memory of the process's own (anonymous, or a writable mapping) is never released: its pages would
+    # come back as zeros
+    keep = q.copy()
+    (r2,) = kernels.repack_q4_k_r16([q], release=True)
+    assert np.array_equal(q, keep) and np.array_equal(r2, r)
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 0)
+        view = np.frombuffer(mm, np.uint8, count=q.size, offset=100).reshape(q.shape)
+        view[:16] = 0  # a change that exists only in this mapping's pages until flushed
+        changed = view.copy()
+        kernels.repack_q4_k_r16([view], release=True)
+        assert np.array_equal(view, changed)
+        del view
+        mm.close()
 
 
 torch = pytest.importorskip("torch")
@@ -153,6 +189,11 @@ def q4_model(tmp_path_factory):
 def test_model_forward_with_and_without_repack(q4_model):
     ids = np.random.default_rng(1).integers(0, 512, 21)
     off = clover_cpu.load(q4_model, repack="off")
+    if not kernels.has_native_q4_k_r16():  # the scalar loops would run every q4_k product: refused
+        with pytest.raises(ValueError, match="repack on needs the AVX-512 VNNI kernels"):
+            clover_cpu.load(q4_model, repack="on")
+        assert not clover_cpu.load(q4_model).repacked
+        pytest.skip("no native q4_k_r16 kernel on this machine")
     on = clover_cpu.load(q4_model, repack="on")
     assert not off.repacked and on.repacked
     fmts = {name: w.fmt for name, w in on.layers[0].items() if hasattr(w, "fmt")}
@@ -168,3 +209,26 @@ def test_model_forward_with_and_without_repack(q4_model):
     assert auto.repacked == kernels.has_native_q4_k_r16()
     with pytest.raises(ValueError, match="repack must be one of"):
         clover_cpu.load(q4_model, repack="yes")
+
+
+def test_cli_repack_flag(q4_model):
+    import json
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "clover_cpu", "run", "-m", str(q4_model), "-p", "hello", "--max-new-tokens", "3",
+            "--json"]
+    for mode in ("on", "off") if kernels.has_native_q4_k_r16() else ("off", "auto"):
+        r = subprocess.run(base + ["--repack", mode], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert len(json.loads(r.stdout)["token_ids"]) == 3
+    r = subprocess.run(base + ["--repack", "maybe"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--repack" in r.stderr and "Traceback" not in r.stderr
+    if "avx2" in ISAS:  # kernels without the native product: on is refused, auto leaves the file's layout
+        import os
+
+        env = dict(os.environ, CLOVER_ISA="avx2")
+        r = subprocess.run(base + ["--repack", "on"], capture_output=True, text=True, env=env)
+        assert r.returncode == 2 and "AVX-512 VNNI" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+        r = subprocess.run(base + ["--repack", "auto"], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr

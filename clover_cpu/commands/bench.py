@@ -303,7 +303,7 @@ def main(args: argparse.Namespace) -> int:
     model = Path(args.model) if args.model else build_model(workdir, args.preset, log)
     if not model.exists():
         raise ValueError(f"{model}: no such file")
-    arch = clover_cpu.load(model, repack="off").config.arch  # (the header only: no copy of the weights)
+    arch = clover_cpu.load(model, repack="off").config.arch  # (no copy of the weights just for this)
     if arch != "qwen35moe":
         raise ValueError(f"{model} is a {arch} file; the autoregressive benchmark needs a qwen35moe file "
                          "(llama.cpp runs no clover files)")

@@ -34,11 +34,13 @@ def main(args: argparse.Namespace) -> int:
 
 def system(args) -> int:
     import clover_cpu
+    from clover_cpu import kernels
 
     info = clover_cpu.system_info()
     info["machine"] = platform.machine()
     info["python"] = platform.python_version()
     info["version"] = clover_cpu.__version__
+    info["q4_k_repack"] = kernels.has_native_q4_k_r16()
     if args.json:
         print(json.dumps(info))
         return 0
@@ -48,6 +50,9 @@ def system(args) -> int:
     print(f"threads:    {info['threads']} (default {info['default_threads']}: one per physical core)")
     print(f"cpu:        {feats}")
     print(f"native:     {'yes (-march=native build)' if info['native_build'] else 'no (portable build)'}")
+    repack = ("q4_k layer weights repacked at load where the file takes at most half the free memory"
+              if info["q4_k_repack"] else "none: these kernels multiply the file layout")
+    print(f"repack:     {repack} (run --repack)")
     return 0
 
 

@@ -68,7 +68,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
                    help="copy the q4_k layer weights at load into the layout the AVX-512 kernels multiply fastest "
                    "(~3%% more memory, the file's pages released): auto (default) where the CPU has those kernels "
-                   "and the model takes at most half the free memory, on always, off keeps the file's layout")
+                   "and the model takes at most half the free memory, on whatever its size (an error without those "
+                   "kernels), off keeps the file's layout")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout, nothing else")
     p.add_argument("--stats", action="store_true", help="print speed statistics at the end (to stderr)")
     p.add_argument("--show-steps", action="store_true", help="redraw the block as masks turn into tokens")
