@@ -252,7 +252,7 @@ class Model:
             native = kernels.has_native_q4_k_r16()
             if repack == "on" and not native:
                 raise ValueError(f"repack on needs the AVX-512 VNNI kernels, and the kernels in use are "
-                                 f"{_core_isa()}: use repack auto or off")
+                                 f"{_core_isa()}: use repack='auto' or 'off' (run --repack auto|off)")
             self.repacked = native and (repack == "on" or (
                 repack == "auto" and room is not None and self.file.path.stat().st_size <= REPACK_SHARE * room))
             self.config = Config.from_gguf(self.file)

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <optional>
 #include <string>
@@ -180,7 +181,7 @@ py::array_t<float> py_dequantize(const py::array& data, const std::string& type)
 }
 
 // This process's read-only shared mappings of files (/proc/self/maps; none where there is no such file):
-// the only memory whose pages MADV_DONTNEED can drop without losing data (they fault back in from the
+// the memory we release, whose pages MADV_DONTNEED drops without losing data (they fault back in from the
 // file). An anonymous mapping's pages would come back as zeros, a private one's without its changes (a
 // private mapping made read-only after a write still holds them).
 struct Mapping {
@@ -191,13 +192,15 @@ std::vector<Mapping> file_mappings() {
 #if defined(__linux__)
     FILE* f = std::fopen("/proc/self/maps", "r");
     if (!f) return out;
-    char line[4096];
+    char line[512];
+    bool at_start = true;  // (a long path splits a line: its tail must not be read as a mapping)
     while (std::fgets(line, sizeof line, f)) {
         unsigned long lo = 0, hi = 0, inode = 0;
         char perms[8] = {};
-        if (std::sscanf(line, "%lx-%lx %7s %*s %*s %lu", &lo, &hi, perms, &inode) == 4 && perms[1] == '-' &&
-            perms[3] == 's' && inode != 0)
+        if (at_start && std::sscanf(line, "%lx-%lx %7s %*s %*s %lu", &lo, &hi, perms, &inode) == 4 &&
+            perms[1] == '-' && perms[3] == 's' && inode != 0)
             out.push_back({(uintptr_t)lo, (uintptr_t)hi});
+        at_start = std::strchr(line, '\n') != nullptr;
     }
     std::fclose(f);
 #endif
@@ -218,7 +221,8 @@ bool read_only_file_pages(const std::vector<Mapping>& maps, uintptr_t a, uintptr
 // or stacked experts [E, rows, row_bytes], rows a multiple of 16. The results are views of one buffer of
 // their own, 2 MB aligned (huge pages where the kernel gives them on request; one buffer, so no huge page
 // is left part-filled at the end of each array). release: each source's whole pages are dropped from this
-// process's memory once it is repacked, where the source is a read-only mapping of a file (MADV_DONTNEED:
+// process's memory once it is repacked, where the source is a read-only shared mapping of a file (Linux;
+// MADV_DONTNEED:
 // the pages stay in the page cache and fault back in if read), so the process never holds both copies;
 // other memory is left alone.
 py::list py_repack_q4_k_r16(const py::sequence& ws, bool release) {

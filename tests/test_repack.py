@@ -131,27 +131,49 @@ def test_bad_input_is_refused(rng):
     assert kernels.repack_q4_k_r16([]) == []
 
 
+def mapping_rss_kb(address):
+    """Rss of the mapping that holds address (/proc/self/smaps), or None where there is none."""
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split()[0] if line else ""
+        if "-" in head and ":" not in head:
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("Rss:"):
+            return int(line.split()[1])
+    return None
+
+
 def test_release_leaves_the_mapped_file_readable(tmp_path, rng):
-    q = q4k(rng, 512, 2048)  # 1.2 MB: whole pages to release
+    q = q4k(rng, 512, 2048)  # 590 KB: whole pages to release
     path = tmp_path / "w.bin"
     path.write_bytes(b"\0" * 100 + q.tobytes())
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         view = np.frombuffer(mm, np.uint8, count=q.size, offset=100).reshape(q.shape)
+        assert int(view.sum(dtype=np.int64)) == int(q.sum(dtype=np.int64))  # every page in memory
+        before = mapping_rss_kb(view.ctypes.data)
         (r,) = kernels.repack_q4_k_r16([view], release=True)
+        if before is not None:  # (Linux) the file's pages left this process, but for the partial ones at the ends
+            after = mapping_rss_kb(view.ctypes.data)
+            assert before >= 576 and after <= 2 * mmap.PAGESIZE // 1024, (before, after)
         assert np.array_equal(view, q)  # the dropped pages fault back in from the file
         assert np.array_equal(kernels.dequantize(r, "q4_k_r16"), kernels.dequantize(q, "q4_k"))
         del view
         mm.close()
-    # memory of the process's own (anonymous, or a writable mapping) is never released: its pages would
-    # come back as zeros
+    # memory of the process's own is never released: an anonymous array's pages would come back as zeros,
+    # a private mapping's without its changes
     keep = q.copy()
     (r2,) = kernels.repack_q4_k_r16([q], release=True)
     assert np.array_equal(q, keep) and np.array_equal(r2, r)
     with open(path, "r+b") as f:
-        mm = mmap.mmap(f.fileno(), 0)
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: its changes live in its own pages
         view = np.frombuffer(mm, np.uint8, count=q.size, offset=100).reshape(q.shape)
-        view[:16] = 0  # a change that exists only in this mapping's pages until flushed
+        view[:] = 0
         changed = view.copy()
         kernels.repack_q4_k_r16([view], release=True)
         assert np.array_equal(view, changed)
@@ -217,18 +239,18 @@ def test_cli_repack_flag(q4_model):
     import sys
 
     base = [sys.executable, "-m", "clover_cpu", "run", "-m", str(q4_model), "-p", "hello", "--max-new-tokens", "3",
-            "--json"]
+            "--ignore-eos", "--json"]
     for mode in ("on", "off") if kernels.has_native_q4_k_r16() else ("off", "auto"):
-        r = subprocess.run(base + ["--repack", mode], capture_output=True, text=True)
+        r = subprocess.run(base + ["--repack", mode], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert len(json.loads(r.stdout)["token_ids"]) == 3
-    r = subprocess.run(base + ["--repack", "maybe"], capture_output=True, text=True)
+    r = subprocess.run(base + ["--repack", "maybe"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--repack" in r.stderr and "Traceback" not in r.stderr
     if "avx2" in ISAS:  # kernels without the native product: on is refused, auto leaves the file's layout
         import os
 
         env = dict(os.environ, CLOVER_ISA="avx2")
-        r = subprocess.run(base + ["--repack", "on"], capture_output=True, text=True, env=env)
+        r = subprocess.run(base + ["--repack", "on"], capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 2 and "AVX-512 VNNI" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
-        r = subprocess.run(base + ["--repack", "auto"], capture_output=True, text=True, env=env)
+        r = subprocess.run(base + ["--repack", "auto"], capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0, r.stderr
