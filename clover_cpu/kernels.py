@@ -40,9 +40,8 @@ def repack_q4_k_r16(ws, *, release: bool = False) -> list[np.ndarray]:
     -> the same shapes in format "q4_k_r16": 16 rows per group, one row per vector lane, scales decoded (148
     bytes per row and super-block against 144). The same weights. The results are views of one buffer of
     their own. release: where a source lies in a read-only shared mapping of a file (Linux; as
-    mmap.ACCESS_READ and np.memmap(mode="r") make), its whole pages are
-    dropped from this process once it is copied (they stay in the page cache and fault back in if read);
-    other memory is left alone."""
+    mmap.ACCESS_READ and np.memmap(mode="r") make), its whole pages are dropped from this process once it
+    is copied (they stay in the page cache and fault back in if read); other memory is left alone."""
     return _core.repack_q4_k_r16(list(ws), release=release)
 
 

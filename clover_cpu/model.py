@@ -153,9 +153,6 @@ PREFETCH_MODES = ("auto", "on", "off")  # routed experts not in memory: read ahe
 PREFETCH_QUIET = 8  # auto: forwards without a disk read before the residency checks stop
 REPACK_MODES = ("auto", "on", "off")  # q4_k weights -> q4_k_r16 at load (csrc/formats.h)
 REPACK_SHARE = 0.5  # auto: only a file that takes at most this share of the memory available
-REPACKED = {"attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta", "ssm_out", "attn_q", "attn_k", "attn_v", "attn_output",
-            "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp",
-            "ffn_down_shexp"}  # the layer weights repack may copy (blk.N.NAME.weight)
 
 
 def memory_for_files() -> int | None:
@@ -194,12 +191,6 @@ def memory_for_files() -> int | None:
     except (OSError, ValueError):
         pass
     return avail
-
-
-def _core_isa() -> str:
-    from . import system_info
-
-    return system_info()["isa"]
 
 
 def _disk_reads() -> tuple[int, int]:
@@ -251,9 +242,11 @@ class Model:
             # evicted). The same weights; results differ from the file layout's in float rounding only.
             native = kernels.has_native_q4_k_r16()
             if repack == "on" and not native:
+                from . import system_info
+
                 raise ValueError(f"repack on needs the AVX-512 VNNI kernels, and the kernels in use are "
-                                 f"{_core_isa()}: use repack='auto' or 'off' (run --repack auto|off)")
-            self.repacked = native and (repack == "on" or (
+                                 f"{system_info()['isa']}: use repack='auto' or 'off' (run --repack auto|off)")
+            want_repack = native and (repack == "on" or (
                 repack == "auto" and room is not None and self.file.path.stat().st_size <= REPACK_SHARE * room))
             self.config = Config.from_gguf(self.file)
             D = self.config.head_dim
@@ -264,7 +257,7 @@ class Model:
             if ctx_len is not None and ctx_len < 1:
                 raise ValueError("ctx_len must be >= 1")
             self.ctx_len = min(ctx_len or self.config.context_length, self.config.context_length)
-            self._load_weights()
+            self._load_weights(want_repack)
             self.tokenizer = Tokenizer.from_gguf(self.file.kv)
         except Exception:
             self.file.close()
@@ -281,27 +274,8 @@ class Model:
             raise GGUFError(f"tensor {name} has shape {list(ti.ne)}, expected {list(ne)}")
         return ti
 
-    def _repack_all(self) -> None:
-        """self._packed: name -> q4_k_r16 copy of each q4_k layer weight the model multiplies (rows of
-        each matrix or expert in whole groups of 16), all in one call: one buffer, each file range
-        released as it is copied."""
-        self._packed = {}
-        if not self.repacked:
-            return
-        names = []
-        for name, ti in self.file.tensors.items():
-            parts = name.split(".")
-            if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < self.config.n_layer
-                    and parts[2] in REPACKED and parts[3] == "weight" and ti.type_name == "q4_k"
-                    and len(ti.ne) >= 2 and ti.ne[1] % 16 == 0):
-                names.append(name)
-        self._packed = dict(zip(names, kernels.repack_q4_k_r16([self.file.data(n) for n in names], release=True)))
-        self.repacked = bool(self._packed)  # (False: the file holds no q4_k weight to copy)
-
     def _matrix(self, name: str, ne: tuple[int, ...]) -> Matrix:
         ti = self._tensor(name, ne)
-        if name in self._packed:
-            return Matrix(self._packed[name], "q4_k_r16")
         return Matrix(self.file.data(name), ti.type_name)
 
     def _vector(self, name: str, ne: tuple[int, ...]) -> np.ndarray:
@@ -313,22 +287,29 @@ class Model:
 
     def _experts(self, name: str, ne: tuple[int, int, int]) -> Experts:
         ti = self._tensor(name, ne)
-        d, fmt = (self._packed[name], "q4_k_r16") if name in self._packed else (self.file.data(name), ti.type_name)
-        return Experts(d.reshape(ne[2], ne[1], d.shape[1]), fmt)
+        d = self.file.data(name)
+        return Experts(d.reshape(ne[2], ne[1], d.shape[1]), ti.type_name)
 
-    def _load_weights(self) -> None:
+    def _repack(self) -> None:
+        """The layers' q4_k weights (matrices and experts with rows in whole groups of 16) copied into
+        q4_k_r16, all in one call: one buffer, each file range released as it is copied. The embedding and
+        the output head keep the file's layout (rows looked up by id; one row of logits)."""
+        ws = [w for L in self.layers for w in L.values()
+              if isinstance(w, (Matrix, Experts)) and w.fmt == "q4_k" and w.data.shape[-2] % 16 == 0]
+        for w, packed in zip(ws, kernels.repack_q4_k_r16([w.data for w in ws], release=True)):
+            w.data, w.fmt = packed, "q4_k_r16"
+        self.repacked = bool(ws)
+
+    def _load_weights(self, repack: bool) -> None:
         c = self.config
         H, V = c.n_embd, c.vocab_size
         for fused in ("ffn_gate_up_exps", "attn_qkv_full"):
             if any(fused in n for n in self.file.tensors):
                 raise GGUFError(f"fused {fused} tensors are not supported; convert without fusing")
-        self._repack_all()
         self.embed = self._matrix("token_embd.weight", (H, V))
         self.output = self._matrix("output.weight", (H, V)) if "output.weight" in self.file.tensors else self.embed
         self.output_norm = self._vector("output_norm.weight", (H,))
         self.layers = []
-        # the same weights for the fused sub-layers (csrc/layers.h): two C++ calls per layer
-        self._stack = kernels.LayerStack(c.n_layer, H, c.eps)
         for i in range(c.n_layer):
             b = f"blk.{i}."
             L = {
@@ -368,6 +349,12 @@ class Model:
                     k_norm=self._vector(b + "attn_k_norm.weight", (D,)),
                 )
             self.layers.append(L)
+        self.repacked = False
+        if repack:
+            self._repack()
+        # the same weights for the fused sub-layers (csrc/layers.h): two C++ calls per layer
+        self._stack = kernels.LayerStack(c.n_layer, H, c.eps)
+        for i, L in enumerate(self.layers):
             self._stack.set_moe(i, L["post_norm"], pair(L["router"]), L["gate_exps"].data, L["up_exps"].data,
                                 L["down_exps"].data, L["gate_exps"].fmt, L["down_exps"].fmt, pair(L["gate_shexp"]),
                                 pair(L["up_shexp"]), pair(L["down_shexp"]), pair(L["shexp_gate_inp"]), c.n_expert_used)

@@ -220,11 +220,10 @@ bool read_only_file_pages(const std::vector<Mapping>& maps, uintptr_t a, uintptr
 // q4_K weight arrays -> the same shapes in q4_k_r16 (148 bytes per row and super-block): [rows, row_bytes]
 // or stacked experts [E, rows, row_bytes], rows a multiple of 16. The results are views of one buffer of
 // their own, 2 MB aligned (huge pages where the kernel gives them on request; one buffer, so no huge page
-// is left part-filled at the end of each array). release: each source's whole pages are dropped from this
-// process's memory once it is repacked, where the source is a read-only shared mapping of a file (Linux;
-// MADV_DONTNEED:
-// the pages stay in the page cache and fault back in if read), so the process never holds both copies;
-// other memory is left alone.
+// is left part-filled at the end of each array). release: where a source is a read-only shared mapping of
+// a file (Linux), its whole pages are dropped from this process once it is repacked (MADV_DONTNEED: they
+// stay in the page cache and fault back in if read), so the process never holds both copies; other memory
+// is left alone.
 py::list py_repack_q4_k_r16(const py::sequence& ws, bool release) {
     struct Job {
         py::array w;
@@ -250,8 +249,8 @@ py::list py_repack_q4_k_r16(const py::sequence& ws, bool release) {
         total += ((size_t)j.E * j.rows * j.orb + 63) / 64 * 64;
         jobs.push_back(std::move(j));
     }
-    const std::vector<Mapping> maps = release ? file_mappings() : std::vector<Mapping>{};
     if (jobs.empty()) return py::list();
+    const std::vector<Mapping> maps = release ? file_mappings() : std::vector<Mapping>{};
     constexpr size_t ALIGN = 2u << 20;
     const size_t bytes = std::max<size_t>(ALIGN, (total + ALIGN - 1) / ALIGN * ALIGN);
     uint8_t* out = (uint8_t*)::operator new(bytes, std::align_val_t(ALIGN));

@@ -187,4 +187,19 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
     }
 }
 
+// A q4_K super-block's 8 scales and 8 mins, decoded from its 12-byte header.
+inline void decode_scales_q4_K(const uint8_t* scales12, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 8; j++) scale_min_k4(j, scales12, &sc[j], &m[j]);
+}
+
+// Row r of a repacked super-block as the file holds it: qs in block_q4_K's order, scales and mins decoded.
+inline void r16_row(const block_q4_K_r16& p, int r, uint8_t qs[QK_K / 2], uint8_t sc[8], uint8_t m[8]) {
+    for (int c = 0; c < 4; c++)
+        for (int t = 0; t < 8; t++) std::memcpy(qs + 32 * c + 4 * t, p.qs[c][t][r], 4);
+    for (int j = 0; j < 8; j++) {
+        sc[j] = p.sc[j][r];
+        m[j] = p.mn[j / 2][r][j & 1];
+    }
+}
+
 }  // namespace clover

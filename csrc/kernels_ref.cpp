@@ -78,13 +78,19 @@ void gemm_q4_0(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t
 }
 
 // q4_K / q5_K: sum_j d*sc_j*dot(q_j, x_j) - dmin*m_j*sum(x_j), the sums from q8_K bsums.
+// The scales and mins already decoded (sc, mn): the form q4_k_r16's rows come in.
 template <bool FIVE_BIT>
 float dot_qk_super(const uint8_t* scales12, uint16_t dh, uint16_t dminh, const uint8_t* qs, const uint8_t* qh,
-                   const block_q8_K& x) {
+                   const block_q8_K& x, const uint8_t* sc_dec = nullptr, const uint8_t* mn_dec = nullptr) {
     int32_t sum_q = 0, sum_m = 0;
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
-        scale_min_k4(j, scales12, &sc, &m);
+        if (sc_dec) {
+            sc = sc_dec[j];
+            m = mn_dec[j];
+        } else {
+            scale_min_k4(j, scales12, &sc, &m);
+        }
         const uint8_t* q = qs + 32 * (j / 2);
         const int shift = (j & 1) * 4;
         int32_t s = 0;
@@ -145,33 +151,20 @@ void gemm_q6_K(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t
 
 }  // namespace
 
-// q4_K repacked by 16 rows: the integers and float operations of gemm_q4_K (dot_qk_super), so the two give
-// the same results bit for bit. Rows [n0, n1) may start and end anywhere; the group is n / 16.
+// q4_K repacked by 16 rows: each row's super-blocks gathered back into the file's order and summed by
+// dot_qk_super, so the results are gemm_q4_K's bit for bit. Rows [n0, n1) may start and end anywhere.
 void gemm_q4_K_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y,
                        int64_t ldy, int64_t n0, int64_t n1) {
     const int64_t nsb = K / QK_K;
     for (int64_t n = n0; n < n1; n++) {
         const block_q4_K_r16* g = (const block_q4_K_r16*)(W + (size_t)(n / R16) * R16 * wb);
-        const int r = (int)(n % R16);
-        for (int m = 0; m < M; m++) {
-            const block_q8_K* xr = (const block_q8_K*)(X + m * xb);
-            float sum = 0.f;
-            for (int64_t b = 0; b < nsb; b++) {
-                const block_q4_K_r16& p = g[b];
-                const block_q8_K& x = xr[b];
-                int32_t sum_q = 0, sum_m = 0;
-                for (int j = 0; j < 8; j++) {
-                    int32_t s = 0;
-                    for (int l = 0; l < 32; l++) {
-                        const uint8_t byte = p.qs[j / 2][l / 4][r][l % 4];
-                        s += ((j & 1) ? byte >> 4 : byte & 0xf) * x.qs[32 * j + l];
-                    }
-                    sum_q += p.sc[j][r] * s;
-                    sum_m += p.mn[j / 2][r][j & 1] * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
-                }
-                sum += x.d * (fp16_to_f32(p.d[r]) * (float)sum_q - fp16_to_f32(p.dmin[r]) * (float)sum_m);
-            }
-            Y[m * ldy + n] = sum;
+        for (int m = 0; m < M; m++) Y[m * ldy + n] = 0.f;
+        for (int64_t b = 0; b < nsb; b++) {  // (each output's sum in the order gemm_blocks adds it)
+            uint8_t qs[QK_K / 2], sc[8], mn[8];
+            r16_row(g[b], (int)(n % R16), qs, sc, mn);
+            for (int m = 0; m < M; m++)
+                Y[m * ldy + n] += dot_qk_super<false>(nullptr, g[b].d[n % R16], g[b].dmin[n % R16], qs, nullptr,
+                                                      ((const block_q8_K*)(X + m * xb))[b], sc, mn);
         }
     }
 }

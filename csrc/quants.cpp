@@ -330,19 +330,22 @@ void dequantize_row_q8_0(const block_q8_0* x, float* y, int64_t k) {
     }
 }
 
+// One q4_K super-block with its scales and mins decoded -> 256 floats.
+void dequantize_super_q4_K(uint16_t dh, uint16_t dminh, const uint8_t* sc, const uint8_t* mn, const uint8_t* qs,
+                           float* y) {
+    const float d = fp16_to_f32(dh), dmin = fp16_to_f32(dminh);
+    for (int j = 0; j < 8; j += 2, qs += 32) {
+        const float d1 = d * sc[j], m1 = dmin * mn[j], d2 = d * sc[j + 1], m2 = dmin * mn[j + 1];
+        for (int l = 0; l < 32; ++l) *y++ = d1 * (float)(qs[l] & 0xf) - m1;
+        for (int l = 0; l < 32; ++l) *y++ = d2 * (float)(qs[l] >> 4) - m2;
+    }
+}
+
 void dequantize_row_q4_K(const block_q4_K* x, float* y, int64_t k) {
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        const float d = fp16_to_f32(x[i].d), dmin = fp16_to_f32(x[i].dmin);
-        const uint8_t* q = x[i].qs;
-        for (int j = 0; j < 8; j += 2, q += 32) {
-            uint8_t sc, m;
-            scale_min_k4(j, x[i].scales, &sc, &m);
-            const float d1 = d * sc, m1 = dmin * m;
-            scale_min_k4(j + 1, x[i].scales, &sc, &m);
-            const float d2 = d * sc, m2 = dmin * m;
-            for (int l = 0; l < 32; ++l) *y++ = d1 * (float)(q[l] & 0xf) - m1;
-            for (int l = 0; l < 32; ++l) *y++ = d2 * (float)(q[l] >> 4) - m2;
-        }
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        uint8_t sc[8], mn[8];
+        decode_scales_q4_K(x[i].scales, sc, mn);
+        dequantize_super_q4_K(x[i].d, x[i].dmin, sc, mn, x[i].qs, y);
     }
 }
 
@@ -418,11 +421,11 @@ void repack_q4_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64
                 block_q4_K_r16& p = out[s];
                 p.d[r] = b.d;
                 p.dmin[r] = b.dmin;
+                uint8_t sc[8], mn[8];
+                decode_scales_q4_K(b.scales, sc, mn);
                 for (int j = 0; j < 8; j++) {
-                    uint8_t sc, m;
-                    scale_min_k4(j, b.scales, &sc, &m);
-                    p.sc[j][r] = sc;
-                    p.mn[j / 2][r][j & 1] = m;
+                    p.sc[j][r] = sc[j];
+                    p.mn[j / 2][r][j & 1] = mn[j];
                 }
                 for (int c = 0; c < 4; c++)
                     for (int t = 0; t < 8; t++) std::memcpy(p.qs[c][t][r], b.qs + 32 * c + 4 * t, 4);
@@ -437,15 +440,9 @@ void dequantize_q4_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64
         for (int64_t s = 0; s < nsb; s++) {
             const block_q4_K_r16& p = ((const block_q4_K_r16*)src)[g * nsb + s];
             for (int r = 0; r < R16; r++) {
-                float* y = dst + (g * R16 + r) * k + s * QK_K;
-                const float d = fp16_to_f32(p.d[r]), dmin = fp16_to_f32(p.dmin[r]);
-                for (int j = 0; j < 8; j++) {  // as dequantize_row_q4_K: d * sc * q - dmin * m
-                    const float dl = d * p.sc[j][r], ml = dmin * p.mn[j / 2][r][j & 1];
-                    for (int l = 0; l < 32; l++) {
-                        const uint8_t byte = p.qs[j / 2][l / 4][r][l % 4];
-                        y[32 * j + l] = dl * (float)((j & 1) ? byte >> 4 : byte & 0xf) - ml;
-                    }
-                }
+                uint8_t qs[QK_K / 2], sc[8], mn[8];
+                r16_row(p, r, qs, sc, mn);
+                dequantize_super_q4_K(p.d[r], p.dmin[r], sc, mn, qs, dst + (g * R16 + r) * k + s * QK_K);
             }
         }
 }
