@@ -237,14 +237,14 @@ class Model:
             self._prefetching, self._quiet, self._reads = prefetch == "on" or self._auto, 0, _disk_reads()
             # q4_k layer weights repacked into memory of their own (16 rows per group: the kernels keep a
             # row per vector lane), the file's pages released as each is done. auto: where the kernels
-            # have a q4_k_r16 kernel of their own (AVX-512 VNNI) and the file takes at most REPACK_SHARE of
+            # have a q4_k_r16 kernel of their own (AVX2, AVX-512) and the file takes at most REPACK_SHARE of
             # the memory available (a larger model pages from its file instead: the copy could not be
             # evicted). The same weights; results differ from the file layout's in float rounding only.
             native = kernels.has_native_q4_k_r16()
             if repack == "on" and not native:
                 from . import system_info
 
-                raise ValueError(f"repack on needs the AVX-512 VNNI kernels, and the kernels in use are "
+                raise ValueError(f"repack on needs the AVX2 or AVX-512 kernels, and the kernels in use are "
                                  f"{system_info()['isa']}: use repack='auto' or 'off' (run --repack auto|off)")
             want_repack = native and (repack == "on" or (
                 repack == "auto" and room is not None and self.file.path.stat().st_size <= REPACK_SHARE * room))

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernel_r16.h"
 #include "kernel_tiles.h"
 #include "kernels.h"
 
@@ -753,22 +754,9 @@ void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
 // (groups of equal size); every group of a panel of tokens takes a super-block before the next one is
 // read (the accumulators wait in L1), so the weights stream from memory once, at the pace of all the
 // tokens, prefetched 4 KB ahead in step with the loads (without the prefetch, 4-8 tokens from memory
-// ran at half their in-cache speed: each new 4 KB page waited for the memory).
-struct BsumPair {
-    int32_t v;
-};
-static_assert(sizeof(BsumPair) == 4, "BsumPair is one dword");
-
-// Where the weights 4 KB ahead are prefetched to: L1 while every token of the call is in one group (the
-// stream is read once); L2 with several groups taking each super-block in turn, whose 8+ tokens'
-// activations need L1 (from memory, one thread, 512 x 2048: 8 tokens 14.9 -> 12.8 ns per super-block
-// row, 16 tokens 26.1 -> 24.0; L2 at 1 and 4 tokens cost 3-5%).
-enum class Prefetch { NONE, L1, L2 };
-template <Prefetch PF>
-inline void prefetch_r16(const void* p) {
-    if (PF == Prefetch::L1) _mm_prefetch((const char*)p + PREFETCH_BYTES, _MM_HINT_T0);
-    if (PF == Prefetch::L2) _mm_prefetch((const char*)p + PREFETCH_BYTES, _MM_HINT_T1);
-}
+// ran at half their in-cache speed: each new 4 KB page waited for the memory; a second prefetch to L2
+// 8 KB ahead, which the AVX2 kernel gains from, made the twin's one-token forwards 14-25% slower). The
+// driver, shared with the AVX2 kernel, is kernel_r16.h's.
 
 // One super-block of 16 rows for G tokens: acc[g] (lane r) += the super-block's share of row r's dot
 // with token g.
@@ -776,7 +764,7 @@ template <int G, Prefetch PF>
 inline void r16_superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
                            __m512* acc) {
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
-    for (int k = 0; k < 5; k++) prefetch_r16<PF>((const char*)&p + 64 * k);
+    for (int k = 0; k < 5; k++) prefetch_r16<PF, PREFETCH_BYTES, 0>((const char*)&p + 64 * k);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.d));
     const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(1.f / 16));
     __m512 f[G];
@@ -790,7 +778,7 @@ inline void r16_superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K*
         for (int g = 0; g < G; g++) sl[g] = sh[g] = _mm512_setzero_si512();
         for (int t = 0; t < 8; t++) {
             const __m512i w = _mm512_loadu_si512(p.qs[c][t]);
-            prefetch_r16<PF>(p.qs[c][t]);
+            prefetch_r16<PF, PREFETCH_BYTES, 0>(p.qs[c][t]);
             const __m512i wl = _mm512_and_si512(w, lo4), wh = _mm512_and_si512(w, hi4);
             for (int g = 0; g < G; g++) {
                 const int8_t* q = xs[g][s].qs + 64 * c + 4 * t;
@@ -820,95 +808,32 @@ inline void r16_superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K*
     }
 }
 
-// G tokens over every super-block of 16 rows, the sums in registers (all the call's tokens in one group).
-template <int G>
-void r16_rows(const block_q4_K_r16* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp, float* y,
-              int64_t ldy) {
-    __m512 acc[G];
-    for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < nsb; s++) r16_superblock<G, Prefetch::L1>(P[s], s, xs, bsp, acc);
-    for (int g = 0; g < G; g++) _mm512_storeu_ps(y + g * ldy, acc[g]);
-}
-
-// One super-block for one of several groups: the group's sums wait in L1 (acc) between super-blocks.
-template <int G>
-void r16_step(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp, float* acc,
-              bool first) {
-    __m512 a[G];
-    for (int g = 0; g < G; g++) a[g] = _mm512_load_ps(acc + 16 * g);
-    if (first)
-        r16_superblock<G, Prefetch::L2>(p, s, xs, bsp, a);
-    else
-        r16_superblock<G, Prefetch::NONE>(p, s, xs, bsp, a);
-    for (int g = 0; g < G; g++) _mm512_store_ps(acc + 16 * g, a[g]);
-}
-
-void gemm_q4k_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y,
-                  int64_t ldy, int64_t n0, int64_t n1) {
-    constexpr int GMAX = 6, PANEL = 8 * GMAX;  // tokens per group, per panel (48 x 16 accumulators: 3 KB)
-    const int64_t nsb = K / QK_K;
-    if (M < 1 || n1 <= n0) return;
-    const int64_t g0 = (n0 + R16 - 1) / R16, g1 = n1 / R16;
-    if (g0 >= g1) return gemm_q4_K_r16_ref(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
-    if (n0 < g0 * R16) gemm_q4_K_r16_ref(W, wrb, X, xrb, K, M, Y, ldy, n0, g0 * R16);
-    if (g1 * R16 < n1) gemm_q4_K_r16_ref(W, wrb, X, xrb, K, M, Y, ldy, g1 * R16, n1);
-    // each token's sub-block sums as int16 pairs (2c, 2c + 1), one dword per chunk c of a super-block (a
-    // type of this file's own: a std::vector<int32_t> would be a weak symbol, tests/test_isa_objects.py)
-    thread_local std::vector<BsumPair> bs_buf;
-    bs_buf.resize((size_t)M * nsb * 4);
-    int32_t* const bs = &bs_buf[0].v;
-    for (int m = 0; m < M; m++)
-        for (int64_t s = 0; s < nsb; s++) {
-            const block_q8_K& x = ((const block_q8_K*)(X + m * xrb))[s];
-            for (int c = 0; c < 4; c++) {
-                const uint16_t a = (uint16_t)(x.bsums[4 * c] + x.bsums[4 * c + 1]);
-                const uint16_t b = (uint16_t)(x.bsums[4 * c + 2] + x.bsums[4 * c + 3]);
-                bs[((size_t)m * nsb + s) * 4 + c] = (int32_t)((uint32_t)a | ((uint32_t)b << 16));
-            }
-        }
-    alignas(64) float acc[PANEL * R16];
-    for (int mp = 0; mp < M; mp += PANEL) {
-        const int mc = std::min(PANEL, M - mp), n_groups = (mc + GMAX - 1) / GMAX;
-        const block_q8_K* xs[PANEL];
-        const int32_t* bp[PANEL];
-        int first[PANEL / GMAX + 1];
-        for (int i = 0; i < mc; i++) {
-            xs[i] = (const block_q8_K*)(X + (mp + i) * xrb);
-            bp[i] = bs + (size_t)(mp + i) * nsb * 4;
-        }
-        for (int tg = 0; tg <= n_groups; tg++) first[tg] = tg * mc / n_groups;
-        for (int64_t g16 = g0; g16 < g1; g16++) {
-            const block_q4_K_r16* P = (const block_q4_K_r16*)(W + (size_t)g16 * R16 * wrb);
-            if (n_groups == 1) {
-                float* y = Y + mp * ldy + g16 * R16;
-                switch (mc) {
-                    case 1: r16_rows<1>(P, nsb, xs, bp, y, ldy); break;
-                    case 2: r16_rows<2>(P, nsb, xs, bp, y, ldy); break;
-                    case 3: r16_rows<3>(P, nsb, xs, bp, y, ldy); break;
-                    case 4: r16_rows<4>(P, nsb, xs, bp, y, ldy); break;
-                    case 5: r16_rows<5>(P, nsb, xs, bp, y, ldy); break;
-                    default: r16_rows<6>(P, nsb, xs, bp, y, ldy); break;
-                }
-                continue;
-            }
-            std::memset(acc, 0, sizeof(float) * R16 * mc);
-            for (int64_t s = 0; s < nsb; s++)
-                for (int tg = 0; tg < n_groups; tg++) {
-                    const int i = first[tg], n = first[tg + 1] - i;
-                    float* a = acc + R16 * i;
-                    switch (n) {
-                        case 1: r16_step<1>(P[s], s, xs + i, bp + i, a, tg == 0); break;
-                        case 2: r16_step<2>(P[s], s, xs + i, bp + i, a, tg == 0); break;
-                        case 3: r16_step<3>(P[s], s, xs + i, bp + i, a, tg == 0); break;
-                        case 4: r16_step<4>(P[s], s, xs + i, bp + i, a, tg == 0); break;
-                        case 5: r16_step<5>(P[s], s, xs + i, bp + i, a, tg == 0); break;
-                        default: r16_step<6>(P[s], s, xs + i, bp + i, a, tg == 0); break;
-                    }
-                }
-            for (int i = 0; i < mc; i++) std::memcpy(Y + (mp + i) * ldy + g16 * R16, acc + R16 * i, sizeof(float) * R16);
-        }
+// kernel_r16.h's Tile: up to 6 tokens share each weight load (6 sums, 12 chains and 2 weight vectors in
+// registers).
+struct TileR16 {
+    static constexpr int GMAX = 6;
+    // G tokens over every super-block, the sums in registers (all the call's tokens in one group).
+    template <int G>
+    static void rows(const block_q4_K_r16* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp,
+                     float* y, int64_t ldy) {
+        __m512 acc[G];
+        for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
+        for (int64_t s = 0; s < nsb; s++) r16_superblock<G, Prefetch::L1>(P[s], s, xs, bsp, acc);
+        for (int g = 0; g < G; g++) _mm512_storeu_ps(y + g * ldy, acc[g]);
     }
-}
+    // One super-block for one of several groups: the group's sums wait in L1 (acc) between super-blocks.
+    template <int G>
+    static void step(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
+                     float* acc, bool first) {
+        __m512 a[G];
+        for (int g = 0; g < G; g++) a[g] = _mm512_load_ps(acc + 16 * g);
+        if (first)
+            r16_superblock<G, Prefetch::L2>(p, s, xs, bsp, a);
+        else
+            r16_superblock<G, Prefetch::NONE>(p, s, xs, bsp, a);
+        for (int g = 0; g < G; g++) _mm512_store_ps(acc + 16 * g, a[g]);
+    }
+};
 
 Kernels make_table() {
     Kernels k = *kernels_avx2();
@@ -918,7 +843,7 @@ Kernels make_table() {
     k.gemm_q4_K = gemm_q45k<false>;
     k.gemm_q5_K = gemm_q45k<true>;
     k.gemm_q6_K = gemm_q6k;
-    k.gemm_q4_K_r16 = gemm_q4k_r16;
+    k.gemm_q4_K_r16 = gemm_r16<TileR16>;
     // Q4_0 (more unpacking per byte) gains from two rows already at 4 tokens (1.7x the AVX2 tile
     // against 1.3x with one row, same run); Q8_0 at 4 tokens streams 25 GB/s with one row, 15 with two.
     k.gemm_q4_0 = gemm_q8a<UnpackQ4_0, 4>;

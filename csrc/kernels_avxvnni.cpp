@@ -1,7 +1,9 @@
 // AVX2 + AVX-VNNI (256-bit vpdpbusd without AVX-512: Intel client CPUs from Alder Lake on; AMD Zen 5
 // has it too): q4_K, q5_K and q6_K products for two or more tokens in the lane layout (kernel_lanes256.h),
 // one vpdpbusd per 4 products. Every other entry is the AVX2 table's (kernels_avxvnni() is that table
-// with the k-quant entries replaced), and one token still runs the AVX2 GEMVs.
+// with the k-quant entries replaced), and one token still runs the AVX2 GEMVs. The repacked q4_K
+// (q4_k_r16) is the AVX2 table's kernel too: nothing this project runs on has AVX-VNNI to check a
+// vpdpbusd version against (bench/NOTES.md, change 48).
 #include <immintrin.h>
 
 #include "kernel_lanes256.h"

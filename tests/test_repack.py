@@ -3,6 +3,7 @@ weights, the reference kernel's results bit for bit, every ISA's within rounding
 with and without it."""
 
 import mmap
+import os
 
 import numpy as np
 import pytest
@@ -61,6 +62,8 @@ def test_raw_blocks_and_extreme_activations(rng):
     raw = rng.integers(0, 256, (rows, k // 256, 144), dtype=np.uint8)
     halves = (rng.standard_normal((rows, k // 256, 2)) * 0.01).astype(np.float16).view(np.uint8)
     raw[:, :, :4] = halves.reshape(rows, k // 256, 4)
+    raw[[0, 9, 30], :, 16:] = 0xFF  # every nibble 15: against +-127 throughout, the AVX2 kernel's int16 chains
+    raw[[5, 17], :, 16:] = 0xF0  # at their largest (8 x 2 x 15 x 127)
     q = np.ascontiguousarray(raw.reshape(rows, -1))
     (r,) = kernels.repack_q4_k_r16([q])
     assert np.array_equal(kernels.dequantize(r, "q4_k_r16"), kernels.dequantize(q, "q4_k"))
@@ -76,11 +79,12 @@ def test_raw_blocks_and_extreme_activations(rng):
             check_close(kernels.matmul(x[:m], r, "q4_k_r16", isa=isa), ref, TOL_VS_REF, f"raw {isa} M={m}")
 
 
-def test_native_kernel_where_avx512():
-    # the loader repacks only for kernels that have a product of their own; the others carry the loops
+def test_native_kernel_on_x86():
+    # the loader repacks only for kernels that have a product of their own (AVX2 and AVX-512, and AVX-VNNI
+    # by the AVX2 table's); the others (the reference, NEON) carry the loops
     assert not kernels.has_native_q4_k_r16("ref")
     for isa in ISAS:
-        assert kernels.has_native_q4_k_r16(isa) == (isa == "avx512")
+        assert kernels.has_native_q4_k_r16(isa) == (isa in ("avx2", "avxvnni", "avx512"))
 
 
 def test_matmul_many_and_moe(rng):
@@ -246,11 +250,9 @@ def test_cli_repack_flag(q4_model):
         assert len(json.loads(r.stdout)["token_ids"]) == 3
     r = subprocess.run(base + ["--repack", "maybe"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--repack" in r.stderr and "Traceback" not in r.stderr
-    if "avx2" in ISAS:  # kernels without the native product: on is refused, auto leaves the file's layout
-        import os
-
-        env = dict(os.environ, CLOVER_ISA="avx2")
-        r = subprocess.run(base + ["--repack", "on"], capture_output=True, text=True, env=env, timeout=300)
-        assert r.returncode == 2 and "AVX-512 VNNI" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
-        r = subprocess.run(base + ["--repack", "auto"], capture_output=True, text=True, env=env, timeout=300)
-        assert r.returncode == 0, r.stderr
+    # the reference kernels lack the native product: on is refused, auto leaves the file's layout
+    env = dict(os.environ, CLOVER_ISA="ref")
+    r = subprocess.run(base + ["--repack", "on"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and "AVX2 or AVX-512" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    r = subprocess.run(base + ["--repack", "auto"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr

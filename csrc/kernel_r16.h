@@ -1,0 +1,113 @@
+// The driver of the q4_K products in the repacked layout (block_q4_K_r16: 16 rows per group, one row per
+// lane), shared by kernels_avx512.cpp (16 rows per register) and kernels_avx2.cpp (8 rows per register,
+// a group in two halves). Each includes this with its own target flags, so everything stays in an
+// anonymous namespace (kernel_tiles.h says why).
+//
+// A Tile is: GMAX, the most tokens that share each weight load; rows<G>(P, nsb, xs, bsp, y, ldy), every
+// super-block of the 16 rows at P for G tokens, results to y + g * ldy; step<G>(p, s, xs, bsp, acc,
+// first), super-block s alone for G tokens, acc[16 g + r] += its share of row r's dot with token g
+// (first: the panel's first group reads p, so it prefetches the weights ahead). xs[g] are the tokens'
+// q8_K rows; bsp[g][4 s + c] their sub-block sums of chunk c as int16 pairs (2c, 2c + 1).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "formats.h"
+#include "kernel_tiles.h"
+#include "kernels.h"
+
+namespace clover {
+namespace {
+
+// Where a tile prefetches the weights ahead of its loads: while every token of the call is in one group
+// (the stream is read once), to L1 NEAR bytes ahead, and to L2 FAR bytes ahead where FAR > 0; with several
+// groups taking each super-block in turn, whose 8+ tokens' activations need L1, only to L2 (FAR, or NEAR
+// where FAR is 0) (from memory, one thread, 512 x 2048, AVX-512: 8 tokens 14.9 -> 12.8 ns per super-block
+// row, 16 tokens 26.1 -> 24.0; L2 at 1 and 4 tokens cost 3-5%).
+enum class Prefetch { NONE, L1, L2 };
+template <Prefetch PF, int NEAR, int FAR>
+inline void prefetch_r16(const void* p) {
+    if (PF == Prefetch::L1) {
+        __builtin_prefetch((const char*)p + NEAR, 0, 3);
+        if (FAR > 0) __builtin_prefetch((const char*)p + FAR, 0, 2);
+    }
+    if (PF == Prefetch::L2) __builtin_prefetch((const char*)p + (FAR > 0 ? FAR : NEAR), 0, 2);
+}
+
+struct BsumPair {
+    int32_t v;
+};
+static_assert(sizeof(BsumPair) == 4, "BsumPair is one dword");
+
+// f(std::integral_constant<int, n>) for a token count n in 1..GMAX.
+template <int GMAX, class F>
+inline void with_tokens(int n, F&& f) {
+    if constexpr (GMAX > 1) {
+        if (n < GMAX) return with_tokens<GMAX - 1>(n, f);
+    }
+    f(std::integral_constant<int, GMAX>());
+}
+
+template <class Tile>
+void gemm_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
+              int64_t n0, int64_t n1) {
+    constexpr int GMAX = Tile::GMAX, PANEL = 8 * GMAX;  // tokens per group, per panel
+    const int64_t nsb = K / QK_K;
+    if (M < 1 || n1 <= n0) return;
+    const int64_t g0 = (n0 + R16 - 1) / R16, g1 = n1 / R16;
+    if (g0 >= g1) return gemm_q4_K_r16_ref(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+    if (n0 < g0 * R16) gemm_q4_K_r16_ref(W, wrb, X, xrb, K, M, Y, ldy, n0, g0 * R16);
+    if (g1 * R16 < n1) gemm_q4_K_r16_ref(W, wrb, X, xrb, K, M, Y, ldy, g1 * R16, n1);
+    // each token's sub-block sums as int16 pairs (2c, 2c + 1), one dword per chunk c of a super-block (a
+    // type of this file's own: a std::vector<int32_t> would be a weak symbol, tests/test_isa_objects.py)
+    thread_local std::vector<BsumPair> bs_buf;
+    bs_buf.resize((size_t)M * nsb * 4);
+    int32_t* const bs = &bs_buf[0].v;
+    for (int m = 0; m < M; m++)
+        for (int64_t s = 0; s < nsb; s++) {
+            const block_q8_K& x = ((const block_q8_K*)(X + m * xrb))[s];
+            for (int c = 0; c < 4; c++) {
+                const uint16_t a = (uint16_t)(x.bsums[4 * c] + x.bsums[4 * c + 1]);
+                const uint16_t b = (uint16_t)(x.bsums[4 * c + 2] + x.bsums[4 * c + 3]);
+                bs[((size_t)m * nsb + s) * 4 + c] = (int32_t)((uint32_t)a | ((uint32_t)b << 16));
+            }
+        }
+    alignas(64) float acc[PANEL * R16];
+    for (int mp = 0; mp < M; mp += PANEL) {
+        const int mc = std::min(PANEL, M - mp), n_groups = (mc + GMAX - 1) / GMAX;
+        const block_q8_K* xs[PANEL];
+        const int32_t* bp[PANEL];
+        int first[PANEL / GMAX + 1];
+        for (int i = 0; i < mc; i++) {
+            xs[i] = (const block_q8_K*)(X + (mp + i) * xrb);
+            bp[i] = bs + (size_t)(mp + i) * nsb * 4;
+        }
+        for (int tg = 0; tg <= n_groups; tg++) first[tg] = tg * mc / n_groups;  // groups of equal size
+        for (int64_t g16 = g0; g16 < g1; g16++) {
+            const block_q4_K_r16* P = (const block_q4_K_r16*)(W + (size_t)g16 * R16 * wrb);
+            if (n_groups == 1) {
+                float* y = Y + mp * ldy + g16 * R16;
+                with_tokens<GMAX>(mc, [&](auto g) { Tile::template rows<decltype(g)::value>(P, nsb, xs, bp, y, ldy); });
+                continue;
+            }
+            // every group takes a super-block before the next is read: the weights stream once, the
+            // groups' sums wait in L1
+            std::memset(acc, 0, sizeof(float) * R16 * mc);
+            for (int64_t s = 0; s < nsb; s++)
+                for (int tg = 0; tg < n_groups; tg++) {
+                    const int i = first[tg];
+                    with_tokens<GMAX>(first[tg + 1] - i, [&](auto g) {
+                        Tile::template step<decltype(g)::value>(P[s], s, xs + i, bp + i, acc + R16 * i, tg == 0);
+                    });
+                }
+            for (int i = 0; i < mc; i++) std::memcpy(Y + (mp + i) * ldy + g16 * R16, acc + R16 * i, sizeof(float) * R16);
+        }
+    }
+}
+
+}  // namespace
+}  // namespace clover
