@@ -342,7 +342,7 @@ void gemm_kquant(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int
 // -> 6.2-6.4 ns per super-block row, 2 tokens 6.1-6.2 -> 4.7-4.8 per token, against 4 KB ahead to L1
 // alone; the twin's one-token forwards 3-7% faster); several groups to L2 8 KB ahead (5 tokens 4.9 ->
 // 3.4-3.5 ns per token against 2 KB). kernels_avx512.cpp's kernel lost 14-25% at one token with the
-// second prefetch and keeps 4 KB.
+// second prefetch and keeps it for two or more.
 struct TileR16 {
     static constexpr int GMAX = 4;  // 4 tokens: 4 sums, 4 chains, a weight vector and a broadcast
 

@@ -754,9 +754,12 @@ void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
 // (groups of equal size); every group of a panel of tokens takes a super-block before the next one is
 // read (the accumulators wait in L1), so the weights stream from memory once, at the pace of all the
 // tokens, prefetched 4 KB ahead in step with the loads (without the prefetch, 4-8 tokens from memory
-// ran at half their in-cache speed: each new 4 KB page waited for the memory; a second prefetch to L2
-// 8 KB ahead, which the AVX2 kernel gains from, made the twin's one-token forwards 14-25% slower). The
-// driver, shared with the AVX2 kernel, is kernel_r16.h's.
+// ran at half their in-cache speed: each new 4 KB page waited for the memory). Two or more tokens also
+// prefetch to L2 12 KB ahead (from memory, one thread: 2 tokens 3.5-3.75 -> 2.6 ns per super-block row
+// and token, 4 tokens 2.7-2.8 -> 1.6; the twin's 8-token forwards 3.6-4.5% faster); one token keeps the
+// single prefetch (with a second to L2 8 KB ahead, as the AVX2 kernel's, the twin's one-token forwards
+// ran 14-25% slower in four alternating process pairs). The driver, shared with the AVX2 kernel, is
+// kernel_r16.h's.
 
 // One super-block of 16 rows for G tokens: acc[g] (lane r) += the super-block's share of row r's dot
 // with token g.
@@ -764,7 +767,7 @@ template <int G, Prefetch PF>
 inline void r16_superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
                            __m512* acc) {
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
-    for (int k = 0; k < 5; k++) prefetch_r16<PF, PREFETCH_BYTES, 0>((const char*)&p + 64 * k);
+    for (int k = 0; k < 5; k++) prefetch_r16<PF, PREFETCH_BYTES, (G >= 2 ? 12288 : 0)>((const char*)&p + 64 * k);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.d));
     const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(1.f / 16));
     __m512 f[G];
@@ -778,7 +781,7 @@ inline void r16_superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K*
         for (int g = 0; g < G; g++) sl[g] = sh[g] = _mm512_setzero_si512();
         for (int t = 0; t < 8; t++) {
             const __m512i w = _mm512_loadu_si512(p.qs[c][t]);
-            prefetch_r16<PF, PREFETCH_BYTES, 0>(p.qs[c][t]);
+            prefetch_r16<PF, PREFETCH_BYTES, (G >= 2 ? 12288 : 0)>(p.qs[c][t]);
             const __m512i wl = _mm512_and_si512(w, lo4), wh = _mm512_and_si512(w, hi4);
             for (int g = 0; g < G; g++) {
                 const int8_t* q = xs[g][s].qs + 64 * c + 4 * t;
