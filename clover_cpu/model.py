@@ -572,8 +572,8 @@ def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_typ
     experts whose weights are not in memory are read from the disk all at once, before any is computed:
     "auto" (default: when the file is larger than the memory free for it, checked while the disk is being
     read), "on" (checked every forward, about 1 us per page checked), "off" (left to page faults). repack:
-    q4_k layer weights copied at load into a layout of 16 rows per group, which the AVX-512 kernels multiply
-    faster (the file's pages are released as each is copied, so memory grows by ~3%): "auto" (default:
+    q4_k layer weights copied at load into a layout of 16 rows per group, which the x86 (AVX2, AVX-512) kernels
+    multiply faster (the file's pages are released as each is copied, so memory grows by ~3%): "auto" (default:
     where the CPU has those kernels and the file takes at most half the memory available), "on" (whatever
     the file's size; an error without those kernels), "off"."""
     return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch, repack=repack)

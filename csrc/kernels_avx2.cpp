@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "kernel_lanes256.h"
-#include "kernel_r16.h"
+#include "kernel_r16_256.h"
 #include "kernels.h"
 
 namespace clover {
@@ -329,93 +329,6 @@ void gemm_kquant(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int
     for (int64_t n = n0; n < n1; n++) Tile<1, 1>::run(a, n, 0);
 }
 
-// ---- q4_K repacked by 16 rows (block_q4_K_r16): one row per int32 lane, a group of 16 in two halves ----
-// As kernels_avx512.cpp's kernel on 8-lane registers, with vpmaddubsw for vpdpbusd: per half, sub-block
-// and token, 8 vpmaddubsw of 4 weights of 8 rows against the token's 4 activations broadcast, added in
-// int16 (8 x 2 x 15 x 127 < 2^15: a sub-block is one chain), widened by one vpmaddwd; the high nibbles
-// shifted down (16 x the value would overflow vpmaddubsw's int16). Then the int32 sums to float times
-// d x scale of each row, the mins by vpmaddwd of the (min, min) pairs against the token's sub-block sums,
-// d_x once per super-block. The halves read 32 of each 64 bytes; the second finds them in L1. Both
-// halves at once (each broadcast serving 16 rows) ran slower, in cache and from memory.
-//
-// Prefetch: to L1 2 KB ahead and to L2 8 KB ahead (kbench from memory, one thread: one token 8.6-8.8
-// -> 6.2-6.4 ns per super-block row, 2 tokens 6.1-6.2 -> 4.7-4.8 per token, against 4 KB ahead to L1
-// alone; the twin's one-token forwards 3-7% faster); several groups to L2 8 KB ahead (5 tokens 4.9 ->
-// 3.4-3.5 ns per token against 2 KB). kernels_avx512.cpp's kernel lost 14-25% at one token with the
-// second prefetch and keeps it for two or more.
-struct TileR16 {
-    static constexpr int GMAX = 4;  // 4 tokens: 4 sums, 4 chains, a weight vector and a broadcast
-
-    template <Prefetch PF>
-    static void prefetch(const void* p) {
-        prefetch_r16<PF, 2048, 8192>(p);
-    }
-
-    // Super-block s of the 16 rows at p for G tokens: acc[16 g + r] += its share of row r's dot with token g.
-    template <int G, Prefetch PF>
-    static void superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
-                           float* acc) {
-        const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-        for (int k = 0; k < 5; k++) prefetch<PF>((const char*)&p + 64 * k);
-        for (int h = 0; h < 2; h++) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.d + 8 * h)));
-            __m256 f[G];
-            for (int g = 0; g < G; g++) f[g] = _mm256_setzero_ps();
-            for (int c = 0; c < 4; c++)
-                for (int hi = 0; hi < 2; hi++) {  // sub-block 2c (low nibbles), then 2c + 1 (high)
-                    __m256i sum[G];
-                    for (int g = 0; g < G; g++) sum[g] = _mm256_setzero_si256();
-                    for (int t = 0; t < 8; t++) {
-                        const __m256i w = _mm256_loadu_si256((const __m256i*)p.qs[c][t][8 * h]);
-                        if (h == 0 && hi == 0) prefetch<PF>(p.qs[c][t]);
-                        const __m256i q = _mm256_and_si256(hi ? _mm256_srli_epi16(w, 4) : w, lo4);
-                        for (int g = 0; g < G; g++) {
-                            int32_t a;
-                            std::memcpy(&a, xs[g][s].qs + 64 * c + 32 * hi + 4 * t, 4);
-                            sum[g] = _mm256_add_epi16(sum[g], _mm256_maddubs_epi16(q, _mm256_set1_epi32(a)));
-                        }
-                    }
-                    const __m256 ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                           _mm_loadl_epi64((const __m128i*)(p.sc[2 * c + hi] + 8 * h)))));
-                    for (int g = 0; g < G; g++)
-                        f[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum[g], ones)), ds, f[g]);
-                }
-            __m256i mi[G];
-            for (int g = 0; g < G; g++) mi[g] = _mm256_setzero_si256();
-            for (int c = 0; c < 4; c++) {
-                const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p.mn[c][8 * h]));
-                for (int g = 0; g < G; g++)
-                    mi[g] = _mm256_add_epi32(mi[g], _mm256_madd_epi16(mn, _mm256_set1_epi32(bsp[g][4 * s + c])));
-            }
-            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.dmin + 8 * h)));
-            for (int g = 0; g < G; g++) {
-                const __m256 dx = _mm256_set1_ps(xs[g][s].d);
-                float* a = acc + 16 * g + 8 * h;
-                __m256 v = _mm256_fmadd_ps(f[g], dx, _mm256_loadu_ps(a));
-                v = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi[g]), _mm256_mul_ps(dmin, dx), v);
-                _mm256_storeu_ps(a, v);
-            }
-        }
-    }
-    // G tokens over every super-block (all the call's tokens in one group).
-    template <int G>
-    static void rows(const block_q4_K_r16* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp,
-                     float* y, int64_t ldy) {
-        alignas(32) float acc[16 * G] = {};
-        for (int64_t s = 0; s < nsb; s++) superblock<G, Prefetch::L1>(P[s], s, xs, bsp, acc);
-        for (int g = 0; g < G; g++) std::memcpy(y + g * ldy, acc + 16 * g, sizeof(float) * 16);
-    }
-    // One super-block for one of several groups.
-    template <int G>
-    static void step(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
-                     float* acc, bool first) {
-        if (first)
-            superblock<G, Prefetch::L2>(p, s, xs, bsp, acc);
-        else
-            superblock<G, Prefetch::NONE>(p, s, xs, bsp, acc);
-    }
-};
-
 const Kernels AVX2 = {
     "avx2",
     "avx2",
@@ -427,7 +340,7 @@ const Kernels AVX2 = {
     gemm_kquant<TileQ4_K, KindQ45KV<DotMaddubs, false>>,
     gemm_kquant<TileQ5_K, KindQ45KV<DotMaddubs, true>>,
     gemm_kquant<TileQ6_K, KindQ6KV<DotMaddubs>>,
-    gemm_r16<TileR16>,
+    gemm_r16<TileR16<DotMaddubs>>,
 };
 
 }  // namespace

@@ -754,8 +754,9 @@ void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
 // (groups of equal size); every group of a panel of tokens takes a super-block before the next one is
 // read (the accumulators wait in L1), so the weights stream from memory once, at the pace of all the
 // tokens, prefetched 4 KB ahead in step with the loads (without the prefetch, 4-8 tokens from memory
-// ran at half their in-cache speed: each new 4 KB page waited for the memory). Two or more tokens also
-// prefetch to L2 12 KB ahead (from memory, one thread: 2 tokens 3.5-3.75 -> 2.6 ns per super-block row
+// ran at half their in-cache speed: each new 4 KB page waited for the memory). With two or more tokens
+// per group the weights also go to L2 12 KB ahead (one group: besides L1 4 KB ahead; several groups:
+// instead of L2 4 KB ahead) (from memory, one thread: 2 tokens 3.5-3.75 -> 2.6 ns per super-block row
 // and token, 4 tokens 2.7-2.8 -> 1.6; the twin's 8-token forwards 3.6-4.5% faster); one token keeps the
 // single prefetch (with a second to L2 8 KB ahead, as the AVX2 kernel's, the twin's one-token forwards
 // ran 14-25% slower in four alternating process pairs). The driver, shared with the AVX2 kernel, is

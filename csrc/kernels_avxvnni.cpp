@@ -2,11 +2,11 @@
 // has it too): q4_K, q5_K and q6_K products for two or more tokens in the lane layout (kernel_lanes256.h),
 // one vpdpbusd per 4 products. Every other entry is the AVX2 table's (kernels_avxvnni() is that table
 // with the k-quant entries replaced), and one token still runs the AVX2 GEMVs. The repacked q4_K
-// (q4_k_r16) is the AVX2 table's kernel too: nothing this project runs on has AVX-VNNI to check a
-// vpdpbusd version against (bench/NOTES.md, change 48).
+// (q4_k_r16, kernel_r16_256.h) runs vpdpbusd chains here, for every token count.
 #include <immintrin.h>
 
 #include "kernel_lanes256.h"
+#include "kernel_r16_256.h"
 #include "kernels.h"
 
 namespace clover {
@@ -40,6 +40,7 @@ Kernels make_table() {
     k.gemm_q4_K = gemm_vnni<0, KindQ45KV<DotVnni, false>>;
     k.gemm_q5_K = gemm_vnni<1, KindQ45KV<DotVnni, true>>;
     k.gemm_q6_K = gemm_vnni<2, KindQ6KV<DotVnni>>;
+    k.gemm_q4_K_r16 = gemm_r16<TileR16<DotVnni>>;
     return k;
 }
 

@@ -269,6 +269,7 @@ def test_activation_quantizer_simd_equals_scalar(kind, block, rng):
 
     x = rng.standard_normal((6, 4 * block)).astype(np.float32) * 3
     x[0, :block] = 0.0  # an all-zero block (scale 0)
+    x[0, 3 * block :] = np.where(np.arange(block) % 2, 1e-37, -2e-38)  # a scale whose inverse overflows
     x[1, 5] = 3e38  # a huge value
     x[2, :block] = -1e-30  # tiny values
     ties = np.arange(block, dtype=np.float32) - block / 2 + 0.5  # exact halves after scaling by 1
@@ -279,3 +280,8 @@ def test_activation_quantizer_simd_equals_scalar(kind, block, rng):
     for simd in (True, False):
         assert _core.quantize_acts(x, kind, simd).shape == (6, 4 * (36 if kind == "q8_a" else 292))
     np.testing.assert_array_equal(_core.quantize_acts(x, kind, True), _core.quantize_acts(x, kind, False))
+    # every value within +-127 (the products' int16 chains count on it); the overflowing block quantizes to 0
+    size = 36 if kind == "q8_a" else 292
+    qs = _core.quantize_acts(x, kind, True).reshape(6, 4, size)[:, :, 4 : 4 + block].view(np.int8)
+    assert qs.min() >= -127 and qs.max() <= 127
+    assert not qs[0, 3].any()

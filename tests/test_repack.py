@@ -44,7 +44,7 @@ def test_reference_kernel_is_the_file_layouts_bit_for_bit(m, rng):
     assert np.array_equal(kernels.matmul(x, r, "q4_k_r16", isa="ref"), kernels.matmul(x, q, "q4_k", isa="ref"))
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 32, 64, 65, 130])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 32, 33, 40, 47, 49, 64, 65, 130])
 @pytest.mark.parametrize("rows,k", [(16, 256), (80, 2048), (1024, 512)])
 def test_every_isa_matches_the_reference(m, rows, k, rng):
     q = q4k(rng, rows, k)
@@ -216,7 +216,7 @@ def test_model_forward_with_and_without_repack(q4_model):
     ids = np.random.default_rng(1).integers(0, 512, 21)
     off = clover_cpu.load(q4_model, repack="off")
     if not kernels.has_native_q4_k_r16():  # the scalar loops would run every q4_k product: refused
-        with pytest.raises(ValueError, match="repack on needs the AVX-512 VNNI kernels"):
+        with pytest.raises(ValueError, match="repack on needs the AVX2 or AVX-512 kernels"):
             clover_cpu.load(q4_model, repack="on")
         assert not clover_cpu.load(q4_model).repacked
         pytest.skip("no native q4_k_r16 kernel on this machine")
@@ -226,15 +226,47 @@ def test_model_forward_with_and_without_repack(q4_model):
     assert fmts["gate_exps"] == fmts["up_exps"] == "q4_k_r16", fmts
     assert "q4_k_r16" in {fmts["qkv"], fmts["z"], fmts["ssm_out"]}, fmts
     assert on.embed.fmt != "q4_k_r16" and on.output.fmt != "q4_k_r16"
+    # The native kernels sum in another order than the file layout's, and in this random model one
+    # rounding difference that moves an activation across a quantization step (or the router across a
+    # near-tie) parts the forwards by ~1e-2 from that position on: seen at position 13 under both the AVX2
+    # and the AVX-512 kernels. Weights misread would give differences of the logits' own size. The exact
+    # check is the reference kernels' (test_loader_repack_is_exact_with_the_reference_kernels).
     want = off.forward(ids)
-    check_close(on.forward(ids), want, 1e-4, "repacked forward")
+    check_close(on.forward(ids), want, 5e-2, "repacked forward")
     # the fused layers and the operator-by-operator path see the repacked weights alike
     on.fused = False
-    check_close(on.forward(ids), want, 1e-4, "repacked, operator path")
+    check_close(on.forward(ids), want, 5e-2, "repacked, operator path")
     auto = clover_cpu.load(q4_model)
     assert auto.repacked == kernels.has_native_q4_k_r16()
     with pytest.raises(ValueError, match="repack must be one of"):
         clover_cpu.load(q4_model, repack="yes")
+
+
+def test_loader_repack_is_exact_with_the_reference_kernels(q4_model):
+    # The reference product on q4_k_r16 is q4_k's bit for bit, so with the reference kernels a model whose
+    # layers the loader repacked (every q4_k matrix and expert tensor it picks, through the fused layers
+    # and the operator path) must give the file layout's logits exactly. (repack="on" refuses the
+    # reference kernels, so the loader's own step runs on a model loaded without it.)
+    import subprocess
+    import sys
+
+    script = """
+import sys, numpy as np, clover_cpu
+m = clover_cpu.load(sys.argv[1], repack="off")
+ids = np.random.default_rng(1).integers(0, 512, 21)
+want = m.forward(ids)
+m._load_weights(True)
+fmts = {n: w.fmt for L in m.layers for n, w in L.items() if hasattr(w, "fmt")}
+assert m.repacked and fmts["gate_exps"] == fmts["up_exps"] == "q4_k_r16", fmts
+got = m.forward(ids)
+m.fused = False
+print(np.array_equal(got, want), np.array_equal(m.forward(ids), want), np.abs(got - want).max())
+"""
+    env = dict(os.environ, CLOVER_ISA="ref")
+    r = subprocess.run([sys.executable, "-c", script, str(q4_model)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[:2] == ["True", "True"], r.stdout
 
 
 def test_cli_repack_flag(q4_model):
