@@ -767,8 +767,9 @@ void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
 template <int G, Prefetch PF>
 inline void r16_superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
                            __m512* acc) {
+    constexpr int FAR = G >= 2 ? 12288 : 0;  // (see above)
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
-    for (int k = 0; k < 5; k++) prefetch_r16<PF, PREFETCH_BYTES, (G >= 2 ? 12288 : 0)>((const char*)&p + 64 * k);
+    for (int k = 0; k < 5; k++) prefetch_r16<PF, PREFETCH_BYTES, FAR>((const char*)&p + 64 * k);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.d));
     const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(1.f / 16));
     __m512 f[G];
@@ -782,7 +783,7 @@ inline void r16_superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K*
         for (int g = 0; g < G; g++) sl[g] = sh[g] = _mm512_setzero_si512();
         for (int t = 0; t < 8; t++) {
             const __m512i w = _mm512_loadu_si512(p.qs[c][t]);
-            prefetch_r16<PF, PREFETCH_BYTES, (G >= 2 ? 12288 : 0)>(p.qs[c][t]);
+            prefetch_r16<PF, PREFETCH_BYTES, FAR>(p.qs[c][t]);
             const __m512i wl = _mm512_and_si512(w, lo4), wh = _mm512_and_si512(w, hi4);
             for (int g = 0; g < G; g++) {
                 const int8_t* q = xs[g][s].qs + 64 * c + 4 * t;

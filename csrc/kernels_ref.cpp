@@ -77,20 +77,13 @@ void gemm_q4_0(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t
                             });
 }
 
-// q4_K / q5_K: sum_j d*sc_j*dot(q_j, x_j) - dmin*m_j*sum(x_j), the sums from q8_K bsums.
-// The scales and mins already decoded (sc, mn): the form q4_k_r16's rows come in.
+// q4_K / q5_K: sum_j d*sc_j*dot(q_j, x_j) - dmin*m_j*sum(x_j), the sums from q8_K bsums; the scales and
+// mins decoded (decode_scales_q4_K, or as q4_k_r16 holds them).
 template <bool FIVE_BIT>
-float dot_qk_super(const uint8_t* scales12, uint16_t dh, uint16_t dminh, const uint8_t* qs, const uint8_t* qh,
-                   const block_q8_K& x, const uint8_t* sc_dec = nullptr, const uint8_t* mn_dec = nullptr) {
+float dot_qk_super(const uint8_t* sc, const uint8_t* mn, uint16_t dh, uint16_t dminh, const uint8_t* qs,
+                   const uint8_t* qh, const block_q8_K& x) {
     int32_t sum_q = 0, sum_m = 0;
     for (int j = 0; j < 8; j++) {
-        uint8_t sc, m;
-        if (sc_dec) {
-            sc = sc_dec[j];
-            m = mn_dec[j];
-        } else {
-            scale_min_k4(j, scales12, &sc, &m);
-        }
         const uint8_t* q = qs + 32 * (j / 2);
         const int shift = (j & 1) * 4;
         int32_t s = 0;
@@ -99,8 +92,8 @@ float dot_qk_super(const uint8_t* scales12, uint16_t dh, uint16_t dminh, const u
             if (FIVE_BIT) v += ((qh[l] >> j) & 1) << 4;
             s += v * x.qs[32 * j + l];
         }
-        sum_q += sc * s;
-        sum_m += m * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
+        sum_q += sc[j] * s;
+        sum_m += mn[j] * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
     }
     return x.d * (fp16_to_f32(dh) * (float)sum_q - fp16_to_f32(dminh) * (float)sum_m);
 }
@@ -109,7 +102,9 @@ void gemm_q4_K(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t
                int64_t n0, int64_t n1) {
     gemm_blocks<block_q4_K>(W, wb, X, xb, K / QK_K, M, Y, ldy, n0, n1,
                             [](const block_q4_K& w, const uint8_t* xr, int64_t b) {
-                                return dot_qk_super<false>(w.scales, w.d, w.dmin, w.qs, nullptr,
+                                uint8_t sc[8], mn[8];
+                                decode_scales_q4_K(w.scales, sc, mn);
+                                return dot_qk_super<false>(sc, mn, w.d, w.dmin, w.qs, nullptr,
                                                            ((const block_q8_K*)xr)[b]);
                             });
 }
@@ -118,7 +113,9 @@ void gemm_q5_K(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t
                int64_t n0, int64_t n1) {
     gemm_blocks<block_q5_K>(W, wb, X, xb, K / QK_K, M, Y, ldy, n0, n1,
                             [](const block_q5_K& w, const uint8_t* xr, int64_t b) {
-                                return dot_qk_super<true>(w.scales, w.d, w.dmin, w.qs, w.qh,
+                                uint8_t sc[8], mn[8];
+                                decode_scales_q4_K(w.scales, sc, mn);
+                                return dot_qk_super<true>(sc, mn, w.d, w.dmin, w.qs, w.qh,
                                                           ((const block_q8_K*)xr)[b]);
                             });
 }
@@ -163,8 +160,8 @@ void gemm_q4_K_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb,
             uint8_t qs[QK_K / 2], sc[8], mn[8];
             r16_row(g[b], (int)(n % R16), qs, sc, mn);
             for (int m = 0; m < M; m++)
-                Y[m * ldy + n] += dot_qk_super<false>(nullptr, g[b].d[n % R16], g[b].dmin[n % R16], qs, nullptr,
-                                                      ((const block_q8_K*)(X + m * xb))[b], sc, mn);
+                Y[m * ldy + n] += dot_qk_super<false>(sc, mn, g[b].d[n % R16], g[b].dmin[n % R16], qs, nullptr,
+                                                      ((const block_q8_K*)(X + m * xb))[b]);
         }
     }
 }

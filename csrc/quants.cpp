@@ -590,7 +590,7 @@ void act_q8_a_ref(const float* x, block_q8_a* y, int64_t k) {
         float amax = 0.f;
         for (int j = 0; j < QK; j++) amax = std::max(amax, std::fabs(xb[j]));
         const float d = amax / 127.f;
-        const float id = d != 0.f && std::isfinite(1.f / d) ? 1.f / d : 0.f;  // (a block under ~1e-36: zeros)
+        const float id = act_inverse_scale(d);
         y[i].d = d;
         for (int j = 0; j < QK; j++) y[i].qs[j] = (int8_t)std::nearbyint(xb[j] * id);
     }
@@ -602,7 +602,7 @@ void act_q8_K_ref(const float* x, block_q8_K* y, int64_t k) {
         float amax = 0.f;
         for (int j = 0; j < QK_K; j++) amax = std::max(amax, std::fabs(xb[j]));
         const float d = amax / 127.f;
-        const float id = d != 0.f && std::isfinite(1.f / d) ? 1.f / d : 0.f;  // (a block under ~1e-36: zeros)
+        const float id = act_inverse_scale(d);
         y[i].d = d;
         for (int j = 0; j < QK_K; j++) y[i].qs[j] = (int8_t)std::nearbyint(xb[j] * id);
         for (int g = 0; g < QK_K / 16; g++) {

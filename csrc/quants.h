@@ -1,6 +1,8 @@
 // Quantizers and dequantizers for the GGUF block formats (scalar; the file-format reference).
 #pragma once
 
+#include <cmath>
+
 #include "formats.h"
 
 namespace clover {
@@ -41,6 +43,12 @@ struct ActQuant {
     void (*q8_K)(const float* x, block_q8_K* y, int64_t k);
 };
 const ActQuant& act_quant_ref();
+// An activation block's multiplier 1 / d (d = amax / 127): 0 where it is not finite (an all-zero block, or
+// amax under ~1e-36), so such a block quantizes to zeros on every path.
+inline float act_inverse_scale(float d) {
+    const float id = 1.f / d;
+    return std::isfinite(id) ? id : 0.f;
+}
 // Activation rows [m0, m1) of X[., K] in the format weights of type t multiply against (act_format:
 // q8_a, q8_K or fp32), row m at out + m * act_row_bytes(t, K); on the calling thread.
 void quantize_act_rows(Type t, const float* X, int64_t m0, int64_t m1, int64_t K, uint8_t* out);

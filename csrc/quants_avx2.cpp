@@ -181,15 +181,14 @@ inline void round_32(const float* x, __m256 id, int8_t* out, __m256i v[4]) {
     _mm256_storeu_si256((__m256i*)out, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-// d = amax / 127 of n values (stored in *d) and the multiplier 1 / d (0 for an all-zero block, and for
-// one whose 1 / d overflows: amax under ~1e-36 quantizes to zeros).
+// d = amax / 127 of n values (stored in *d) and the multiplier act_inverse_scale(d).
 inline __m256 block_scale(const float* x, int n, float* d) {
     const __m256 sign = _mm256_set1_ps(-0.f);
     __m256 m = _mm256_setzero_ps();
     // (max_ps returns its second operand when one is NaN: a NaN is skipped, as std::max(amax, NaN) does)
     for (int i = 0; i < n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
     *d = hmax(m) / 127.f;
-    return _mm256_set1_ps(*d != 0.f && std::isfinite(1.f / *d) ? 1.f / *d : 0.f);
+    return _mm256_set1_ps(act_inverse_scale(*d));
 }
 
 inline int32_t hsum_i32(__m256i v) {
