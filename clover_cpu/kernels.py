@@ -46,7 +46,8 @@ def repack_q4_k_r16(ws, *, release: bool = False) -> list[np.ndarray]:
 
 
 def has_native_q4_k_r16(isa: str | None = None) -> bool:
-    """Whether the kernels (the active ones, or isa's) have a q4_k_r16 product of their own (AVX2, AVX-512);
+    """Whether the kernels (the active ones, or isa's) have a q4_k_r16 product of their own (AVX2, AVX-512,
+    NEON with the dot-product extension);
     the others multiply it with the scalar reference loops."""
     return _core.has_native_q4_k_r16(isa)
 

@@ -237,15 +237,17 @@ class Model:
             self._prefetching, self._quiet, self._reads = prefetch == "on" or self._auto, 0, _disk_reads()
             # q4_k layer weights repacked into memory of their own (16 rows per group: the kernels keep a
             # row per vector lane), the file's pages released as each is done. auto: where the kernels
-            # have a q4_k_r16 kernel of their own (AVX2, AVX-512) and the file takes at most REPACK_SHARE of
-            # the memory available (a larger model pages from its file instead: the copy could not be
-            # evicted). The same weights; results differ from the file layout's in float rounding only.
+            # have a q4_k_r16 kernel of their own (AVX2, AVX-512, NEON with sdot) and the file takes at
+            # most REPACK_SHARE of the memory available (a larger model pages from its file instead: the
+            # copy could not be evicted). The same weights; results differ from the file layout's in
+            # float rounding only.
             native = kernels.has_native_q4_k_r16()
             if repack == "on" and not native:
                 from . import system_info
 
-                raise ValueError(f"repack on needs the AVX2 or AVX-512 kernels, and the kernels in use are "
-                                 f"{system_info()['isa']}: use repack='auto' or 'off' (run --repack auto|off)")
+                raise ValueError(f"repack on needs the AVX2, AVX-512 or NEON dot-product kernels, and the "
+                                 f"kernels in use are {system_info()['isa']}: use repack='auto' or 'off' "
+                                 "(run --repack auto|off)")
             want_repack = native and (repack == "on" or (
                 repack == "auto" and room is not None and self.file.path.stat().st_size <= REPACK_SHARE * room))
             self.config = Config.from_gguf(self.file)
@@ -572,8 +574,8 @@ def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_typ
     experts whose weights are not in memory are read from the disk all at once, before any is computed:
     "auto" (default: when the file is larger than the memory free for it, checked while the disk is being
     read), "on" (checked every forward, about 1 us per page checked), "off" (left to page faults). repack:
-    q4_k layer weights copied at load into a layout of 16 rows per group, which the x86 (AVX2, AVX-512) kernels
-    multiply faster (the file's pages are released as each is copied, so memory grows by ~3%): "auto" (default:
-    where the CPU has those kernels and the file takes at most half the memory available), "on" (whatever
-    the file's size; an error without those kernels), "off"."""
+    q4_k layer weights copied at load into a layout of 16 rows per group, which the AVX2, AVX-512 and NEON
+    dot-product kernels multiply faster (the file's pages are released as each is copied, so memory grows
+    by ~3%): "auto" (default: where the CPU has those kernels and the file takes at most half the memory
+    available), "on" (whatever the file's size; an error without those kernels), "off"."""
     return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch, repack=repack)

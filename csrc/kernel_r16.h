@@ -1,6 +1,7 @@
 // The driver of the q4_K products in the repacked layout (block_q4_K_r16: 16 rows per group, one row per
-// lane), shared by kernels_avx512.cpp (16 rows per register) and kernel_r16_256.h's tile for
-// kernels_avx2.cpp and kernels_avxvnni.cpp (8 rows per register, a group in two halves). Each includes this with its own target flags, so everything stays in an
+// lane), shared by kernels_avx512.cpp (16 rows per register), kernel_r16_256.h's tile for kernels_avx2.cpp
+// and kernels_avxvnni.cpp (8 rows per register, a group in two halves) and kernels_neon.cpp's dot-product
+// build (4 rows per register). Each includes this with its own target flags, so everything stays in an
 // anonymous namespace (kernel_tiles.h says why).
 //
 // A Tile is: GMAX, the most tokens that share each weight load; rows<G>(P, nsb, xs, bsp, y, ldy), every

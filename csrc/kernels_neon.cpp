@@ -3,12 +3,16 @@
 // multiplied signed x signed, so q4_0 and q6_K subtract their offsets in int8 and need no zero-point term.
 // Built twice: as is for Armv8.0 (int8 products with vmull_s8 + vpadalq_s16), and by
 // kernels_neon_dotprod.cpp, the only file compiled with -march=armv8.2-a+dotprod (sdot, vdotq_s32).
-// kernels_neon() picks one of the two tables once, from cpu_features().dotprod.
+// kernels_neon() picks one of the two tables once, from cpu_features().dotprod. Only the dot-product build
+// multiplies q4_K weights repacked at load (block_q4_K_r16, TileR16 below): the loader repacks for it alone.
 #include <arm_neon.h>
 
 #include "dispatch.h"
 #include "kernel_tiles.h"
 #include "kernels.h"
+#if defined(CLOVER_NEON_DOTPROD)
+#include "kernel_r16.h"
+#endif
 
 #if defined(CLOVER_NEON_DOTPROD) && !defined(__ARM_FEATURE_DOTPROD)
 #error "the dot-product build of kernels_neon.cpp needs -march=armv8.2-a+dotprod"
@@ -291,6 +295,120 @@ using TileQ5_K = TileQK<UnpackQ5_K>::T<RM, RN>;
 template <int RM, int RN>
 using TileQ6_K = TileQK<UnpackQ6_K>::T<RM, RN>;
 
+#if defined(CLOVER_NEON_DOTPROD)
+// ---- q4_K repacked by 16 rows (block_q4_K_r16): one row per int32 lane, a group of 16 in four quads ----
+// The layout's kernel on 4-lane registers with sdot by element (vdotq_laneq_s32): per chunk, word t and
+// token, each quad's 4 weights of 4 rows against the token's 4 activations of word t, the low nibbles
+// (sub-block 2c) and the high ones (2c + 1) from one load, each a chain of its own: 8 chains per token,
+// 16 at 2 tokens (sdot's latency wants several in flight). Then the int32 sums to float times d x scale
+// of each row; the mins by widening multiplies of the (min, min) pairs against the token's sub-block sums;
+// d_x once per super-block (kernel_r16_256.h's order). Weights are 0..15, so signed x signed sdot needs
+// no offset. Not timed: nothing here runs Arm code natively (qemu checks it, tests/native); the prefetch
+// distances are the AVX2 kernel's.
+struct TileR16 {
+    static constexpr int GMAX = 2;  // 2 tokens: 16 sums, 4 activation vectors, 8 float sums
+
+    template <Prefetch PF>
+    static void prefetch(const void* p) {
+        prefetch_r16<PF, 2048, 8192>(p);
+    }
+
+    // Word 4u + L of chunk c for G tokens: 4 quads x (low, high) x G sdot.
+    template <int G, int L, Prefetch PF>
+    static void word(const block_q4_K_r16& p, int c, int u, const int8x16_t* xl, const int8x16_t* xh,
+                     int32x4_t (*sl)[4], int32x4_t (*sh)[4]) {
+        const uint8_t* w = p.qs[c][4 * u + L][0];
+        prefetch<PF>(w);  // each word is a line of its own
+        for (int q = 0; q < 4; q++) {
+            const uint8x16_t v = vld1q_u8(w + 16 * q);
+            const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
+            const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+            for (int g = 0; g < G; g++) {
+                sl[g][q] = vdotq_laneq_s32(sl[g][q], lo, xl[g], L);
+                sh[g][q] = vdotq_laneq_s32(sh[g][q], hi, xh[g], L);
+            }
+        }
+    }
+
+    // Super-block s of the 16 rows at p for G tokens: acc[16 g + r] += its share of row r's dot with token g.
+    template <int G, Prefetch PF>
+    static void superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
+                           float* acc) {
+        for (int k = 0; k < 5; k++) prefetch<PF>((const char*)&p + 64 * k);
+        float32x4_t d[4], f[G][4];
+        for (int q = 0; q < 4; q++) {
+            d[q] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p.d + 4 * q)));
+            for (int g = 0; g < G; g++) f[g][q] = vdupq_n_f32(0.f);
+        }
+        for (int c = 0; c < 4; c++) {
+            int32x4_t sl[G][4], sh[G][4];
+            for (int g = 0; g < G; g++)
+                for (int q = 0; q < 4; q++) sl[g][q] = sh[g][q] = vdupq_n_s32(0);
+            for (int u = 0; u < 2; u++) {  // words 4u .. 4u + 3: one activation vector per token and nibble
+                int8x16_t xl[G], xh[G];
+                for (int g = 0; g < G; g++) {
+                    xl[g] = vld1q_s8(xs[g][s].qs + 64 * c + 16 * u);
+                    xh[g] = vld1q_s8(xs[g][s].qs + 64 * c + 32 + 16 * u);
+                }
+                word<G, 0, PF>(p, c, u, xl, xh, sl, sh);
+                word<G, 1, PF>(p, c, u, xl, xh, sl, sh);
+                word<G, 2, PF>(p, c, u, xl, xh, sl, sh);
+                word<G, 3, PF>(p, c, u, xl, xh, sl, sh);
+            }
+            for (int hi = 0; hi < 2; hi++) {  // d x scale of sub-block 2c + hi, 4 rows per quad
+                const uint8x16_t sc8 = vld1q_u8(p.sc[2 * c + hi]);
+                const uint16x8_t sc16[2] = {vmovl_u8(vget_low_u8(sc8)), vmovl_high_u8(sc8)};
+                for (int q = 0; q < 4; q++) {
+                    const uint16x8_t h = sc16[q / 2];
+                    const uint32x4_t sc32 = q % 2 ? vmovl_high_u16(h) : vmovl_u16(vget_low_u16(h));
+                    const float32x4_t ds = vmulq_f32(d[q], vcvtq_f32_u32(sc32));
+                    for (int g = 0; g < G; g++)
+                        f[g][q] = vfmaq_f32(f[g][q], vcvtq_f32_s32(hi ? sh[g][q] : sl[g][q]), ds);
+                }
+            }
+        }
+        for (int q = 0; q < 4; q++) {
+            // mins: (m_2c, m_2c+1) of 4 rows as int16 against the token's (bsum_2c, bsum_2c+1), pairs added
+            int32x4_t mi[G];
+            for (int g = 0; g < G; g++) mi[g] = vdupq_n_s32(0);
+            for (int c = 0; c < 4; c++) {
+                const int16x8_t mn = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p.mn[c][4 * q])));
+                for (int g = 0; g < G; g++) {
+                    const int16x8_t b = vreinterpretq_s16_s32(vdupq_n_s32(bsp[g][4 * s + c]));
+                    mi[g] = vaddq_s32(mi[g], vpaddq_s32(vmull_s16(vget_low_s16(mn), vget_low_s16(b)),
+                                                        vmull_high_s16(mn, b)));
+                }
+            }
+            const float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p.dmin + 4 * q)));
+            for (int g = 0; g < G; g++) {
+                const float dx = xs[g][s].d;
+                float* a = acc + 16 * g + 4 * q;
+                float32x4_t v = vfmaq_n_f32(vld1q_f32(a), f[g][q], dx);
+                v = vfmsq_f32(v, vcvtq_f32_s32(mi[g]), vmulq_n_f32(dmin, dx));
+                vst1q_f32(a, v);
+            }
+        }
+    }
+    // G tokens over every super-block (all the call's tokens in one group).
+    template <int G>
+    static void rows(const block_q4_K_r16* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp,
+                     float* y, int64_t ldy) {
+        float acc[16 * G] = {};
+        for (int64_t s = 0; s < nsb; s++) superblock<G, Prefetch::L1>(P[s], s, xs, bsp, acc);
+        for (int g = 0; g < G; g++) std::memcpy(y + g * ldy, acc + 16 * g, sizeof(float) * 16);
+    }
+    // One super-block for one of several groups.
+    template <int G>
+    static void step(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
+                     float* acc, bool first) {
+        if (first)
+            superblock<G, Prefetch::L2>(p, s, xs, bsp, acc);
+        else
+            superblock<G, Prefetch::NONE>(p, s, xs, bsp, acc);
+    }
+};
+#endif
+
 const Kernels NEON = {
     "neon",
     "neon",
@@ -302,7 +420,11 @@ const Kernels NEON = {
     gemm_tiled<TileQ4_K, 4, 2>,
     gemm_tiled<TileQ5_K, 4, 2>,
     gemm_tiled<TileQ6_K, 4, 2>,
-    gemm_q4_K_r16_ref,  // (the loader does not repack for this table)
+#if defined(CLOVER_NEON_DOTPROD)
+    gemm_r16<TileR16>,
+#else
+    gemm_q4_K_r16_ref,  // (without sdot the loader does not repack)
+#endif
 };
 
 }  // namespace

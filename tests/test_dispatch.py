@@ -59,7 +59,8 @@ def test_cli_info_system():
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["isa"] == clover_cpu.system_info()["isa"]
-    assert info["q4_k_repack"] == (info["isa"] in ("avx2", "avxvnni", "avx512"))
+    dotprod = clover_cpu.system_info()["cpu_features"].get("dotprod", False)
+    assert info["q4_k_repack"] == (info["isa"] in ("avx2", "avxvnni", "avx512") or (info["isa"] == "neon" and dotprod))
     r = subprocess.run([sys.executable, "-m", "clover_cpu", "info", "--system"], capture_output=True, text=True)
     assert "kernels:" in r.stdout and "threads:" in r.stdout and "repack:" in r.stdout
 

@@ -79,12 +79,13 @@ def test_raw_blocks_and_extreme_activations(rng):
             check_close(kernels.matmul(x[:m], r, "q4_k_r16", isa=isa), ref, TOL_VS_REF, f"raw {isa} M={m}")
 
 
-def test_native_kernel_on_x86():
-    # the loader repacks only for kernels that have a product of their own (AVX2 and AVX-512, and AVX-VNNI
-    # by the AVX2 table's); the others (the reference, NEON) carry the loops
+def test_native_kernel_where_it_exists():
+    # the loader repacks only for kernels that have a product of their own (AVX2, AVX-VNNI, AVX-512, and
+    # NEON on a CPU with sdot); the others (the reference, NEON without sdot) carry the loops
     assert not kernels.has_native_q4_k_r16("ref")
+    dotprod = clover_cpu.system_info()["cpu_features"].get("dotprod", False)
     for isa in ISAS:
-        assert kernels.has_native_q4_k_r16(isa) == (isa in ("avx2", "avxvnni", "avx512"))
+        assert kernels.has_native_q4_k_r16(isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
 
 
 def test_matmul_many_and_moe(rng):
@@ -216,7 +217,7 @@ def test_model_forward_with_and_without_repack(q4_model):
     ids = np.random.default_rng(1).integers(0, 512, 21)
     off = clover_cpu.load(q4_model, repack="off")
     if not kernels.has_native_q4_k_r16():  # the scalar loops would run every q4_k product: refused
-        with pytest.raises(ValueError, match="repack on needs the AVX2 or AVX-512 kernels"):
+        with pytest.raises(ValueError, match="repack on needs the AVX2, AVX-512 or NEON dot-product kernels"):
             clover_cpu.load(q4_model, repack="on")
         assert not clover_cpu.load(q4_model).repacked
         pytest.skip("no native q4_k_r16 kernel on this machine")
@@ -286,6 +287,7 @@ def test_cli_repack_flag(q4_model):
     # the reference kernels lack the native product: on is refused, auto leaves the file's layout
     env = dict(os.environ, CLOVER_ISA="ref")
     r = subprocess.run(base + ["--repack", "on"], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 2 and "AVX2 or AVX-512" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.returncode == 2 and "AVX2, AVX-512 or NEON dot-product" in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0, r.stderr
     r = subprocess.run(base + ["--repack", "auto"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -17,7 +17,7 @@ else
 fi
 
 # The extension's flags (CMakeLists.txt), warnings as errors; the dotprod build is the only file with -march.
-flags=(-std=c++17 -O2 -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Werror -DCLOVER_HAVE_NEON
+flags=(-std=c++17 -O3 -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Werror -DCLOVER_HAVE_NEON
        -I"$root/csrc" -pthread)
 sources=(csrc/quants.cpp csrc/kernels_ref.cpp csrc/kernels_neon.cpp csrc/dispatch.cpp csrc/ops.cpp
          csrc/model_ops.cpp csrc/model_ops_neon.cpp

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dispatch.h"
@@ -245,14 +246,21 @@ std::vector<uint8_t> make_acts(std::mt19937& rng, const Format& f, int64_t M, in
 
 // Rows [n0, n1) of an N-row weight for M tokens, output with a padded stride. Cells outside the
 // requested rows must keep their sentinel.
+// With r16 (q4_K weights only), the table multiplies those weights repacked (block_q4_K_r16) against the
+// reference's product in the file's layout.
 void check_gemm(const Table& tb, const Format& f, int64_t N, int64_t K, int M, int64_t n0, int64_t n1,
-                const std::vector<uint8_t>& w, const std::vector<uint8_t>& x, const std::string& what) {
+                const std::vector<uint8_t>& w, const std::vector<uint8_t>& x, const std::string& what,
+                const std::vector<uint8_t>* r16 = nullptr) {
     const size_t wrb = row_bytes(*type_info((int32_t)f.type), K), xrb = act_row_bytes(f.type, K);
     const int64_t ldy = N + 3;
     const float sentinel = -12345.f;
     std::vector<float> want((size_t)(M * ldy), sentinel), got((size_t)(M * ldy), sentinel);
     kernels_ref().gemm(f.type)(w.data(), wrb, x.data(), xrb, K, M, want.data(), ldy, n0, n1);
-    tb.k->gemm(f.type)(w.data(), wrb, x.data(), xrb, K, M, got.data(), ldy, n0, n1);
+    if (r16)
+        tb.k->gemm_q4_K_r16(r16->data(), row_bytes(*type_info((int32_t)Type::Q4_K_R16), K), x.data(), xrb, K, M,
+                            got.data(), ldy, n0, n1);
+    else
+        tb.k->gemm(f.type)(w.data(), wrb, x.data(), xrb, K, M, got.data(), ldy, n0, n1);
     std::vector<float> g, r;
     bool outside_ok = true;
     for (int m = 0; m < M; m++)
@@ -265,7 +273,7 @@ void check_gemm(const Table& tb, const Format& f, int64_t N, int64_t K, int M, i
                 outside_ok = false;
             }
         }
-    const std::string name = tb.name + " " + f.name + " " + what;
+    const std::string name = tb.name + " " + (r16 ? "q4_k_r16" : f.name) + " " + what;
     if (!check(name, g.data(), r.data(), g.size(), TOL_VS_REF)) return;
     expect(outside_ok, name + ": wrote outside rows [n0, n1)");
 }
@@ -322,6 +330,45 @@ void test_gemm(const Table& tb, std::mt19937& rng) {
     }
 }
 
+// q4_K weights repacked in groups of 16 rows: whole groups, rows that start or end inside a group (the
+// kernels' fallback), token counts across the tiles' groups and panels, and raw blocks (every scale and
+// min, all-15 nibbles).
+std::vector<uint8_t> repacked(const std::vector<uint8_t>& w, int64_t N, int64_t K) {
+    std::vector<uint8_t> out(w.size() / sizeof(block_q4_K) * sizeof(block_q4_K_r16) / R16);
+    repack_q4_K_r16(w.data(), row_bytes(*type_info((int32_t)Type::Q4_K), K), 0, N / R16, K, out.data());
+    return out;
+}
+
+void test_gemm_r16(const Table& tb, std::mt19937& rng) {
+    const Format& f = format(Type::Q4_K);
+    const int64_t ranges[][2] = {{0, 48}, {16, 32}, {3, 43}, {5, 11}};
+    for (int64_t K : {int64_t(QK_K), int64_t(3 * QK_K)})
+        for (int M : {1, 2, 3, 4, 5, 7, 8, 17, 33}) {
+            const auto w = make_weights(rng, f, 48, K, WData::RANDOM);
+            const auto x = make_acts(rng, f, M, K, XData::RANDOM);
+            const auto r = repacked(w, 48, K);
+            for (const auto& nn : ranges)
+                check_gemm(tb, f, 48, K, M, nn[0], nn[1], w, x, "random " + shape(48, K, M, nn[0], nn[1]), &r);
+        }
+    const std::pair<WData, XData> cases[] = {
+        {WData::RAW, XData::RAW}, {WData::RAW, XData::EXTREME}, {WData::LARGE, XData::LARGE},
+        {WData::EXTREME, XData::EXTREME}, {WData::ZERO, XData::RANDOM}, {WData::RANDOM, XData::ZERO},
+    };
+    for (const auto& [wd, xd] : cases)
+        for (int M : {1, 2, 5, 33}) {
+            const int64_t K = 2 * QK_K;
+            auto w = make_weights(rng, f, 32, K, wd);
+            if (wd == WData::RAW && M == 5)  // all-15 nibbles: the largest sums
+                for (size_t b = 0; b < w.size() / sizeof(block_q4_K); b++)
+                    std::memset(((block_q4_K*)w.data())[b].qs, 0xff, QK_K / 2);
+            const auto x = make_acts(rng, f, M, K, xd);
+            const auto r = repacked(w, 32, K);
+            check_gemm(tb, f, 32, K, M, 0, 32, w, x,
+                       std::string(wdata_name(wd)) + " weights, " + xdata_name(xd) + " acts " + shape(32, K, M, 0, 32),
+                       &r);
+        }
+}
+
 // ---- mixture of experts ----
 
 float silu(float x) { return x / (1.f + std::exp(-x)); }
@@ -331,12 +378,19 @@ struct Experts {
     ExpertsView view;
 };
 
-Experts make_experts(std::mt19937& rng, const Format& f, int64_t E, int64_t rows, int64_t k) {
+// r16: q4_K experts repacked in groups of 16 rows, as the loader does (rows a multiple of 16).
+Experts make_experts(std::mt19937& rng, const Format& f, int64_t E, int64_t rows, int64_t k, bool r16 = false) {
     Experts ex;
     const size_t rb = row_bytes(*type_info((int32_t)f.type), k);
     ex.data.resize(rb * rows * E);
     quantize_rows(f.type, normal(rng, (size_t)(E * rows * k), 0.2f).data(), ex.data.data(), E * rows, k);
     ex.view = ExpertsView{WeightView{f.type, ex.data.data(), rows, k, rb}, E};
+    if (r16 && f.type == Type::Q4_K) {
+        ex.data = repacked(ex.data, E * rows, k);
+        ex.view = ExpertsView{WeightView{Type::Q4_K_R16, ex.data.data(), rows, k,
+                                         row_bytes(*type_info((int32_t)Type::Q4_K_R16), k)},
+                              E};
+    }
     return ex;
 }
 
@@ -361,15 +415,15 @@ std::vector<float> moe_per_expert(const Kernels& kr, const std::vector<float>& X
 void test_moe(const Table& tb, std::mt19937& rng) {
     const int64_t E = 8, H = 256, I = 256;
     const int top_k = 3;
-    // (gate and up, down) formats
-    const std::pair<Type, Type> cases[] = {
-        {Type::Q4_K, Type::Q6_K}, {Type::Q4_0, Type::Q8_0}, {Type::Q8_0, Type::Q5_K},
-        {Type::F16, Type::F32},   {Type::BF16, Type::Q4_K},
+    // (gate and up, down) formats; q4_K repacked where r16
+    const std::tuple<Type, Type, bool> cases[] = {
+        {Type::Q4_K, Type::Q6_K, false}, {Type::Q4_0, Type::Q8_0, false}, {Type::Q8_0, Type::Q5_K, false},
+        {Type::F16, Type::F32, false},   {Type::BF16, Type::Q4_K, false}, {Type::Q4_K, Type::Q4_K, true},
     };
-    for (const auto& [tu, td] : cases) {
+    for (const auto& [tu, td, r16] : cases) {
         const Format &fu = format(tu), &fd = format(td);
-        const Experts gate = make_experts(rng, fu, E, I, H), up = make_experts(rng, fu, E, I, H);
-        const Experts down = make_experts(rng, fd, E, H, I);
+        const Experts gate = make_experts(rng, fu, E, I, H, r16), up = make_experts(rng, fu, E, I, H, r16);
+        const Experts down = make_experts(rng, fd, E, H, I, r16);
         // M tokens; skewed: every token on expert 2, listed twice, plus one other
         for (const auto& [M, skewed] : {std::pair<int64_t, bool>{1, false}, {6, false}, {19, false}, {7, true}}) {
             const std::vector<float> X = normal(rng, (size_t)(M * H), 1.f);
@@ -389,8 +443,8 @@ void test_moe(const Table& tb, std::mt19937& rng) {
             }
             std::vector<float> out((size_t)(M * H));
             moe(*tb.k, X.data(), M, ids.data(), wts.data(), top_k, gate.view, up.view, down.view, out.data());
-            const std::string what = tb.name + " moe " + fu.name + "/" + fd.name + " M=" + std::to_string(M) +
-                                     (skewed ? " skewed" : "");
+            const std::string what = tb.name + " moe " + fu.name + "/" + fd.name + (r16 ? " repacked" : "") +
+                                     " M=" + std::to_string(M) + (skewed ? " skewed" : "");
             const auto same = moe_per_expert(*tb.k, X, M, ids, wts, top_k, gate, up, down);
             check(what + " vs per-expert (same kernels)", out.data(), same.data(), out.size(), TOL_MOE_GROUPING);
             const auto ref = moe_per_expert(kernels_ref(), X, M, ids, wts, top_k, gate, up, down);
@@ -550,6 +604,7 @@ int main(int argc, char** argv) {
         const int p0 = g_passed, f0 = g_failed;
         std::mt19937 rng(1234);
         test_gemm(tb, rng);
+        test_gemm_r16(tb, rng);
         test_moe(tb, rng);
         std::printf("%s: %d passed, %d failed\n", tb.name.c_str(), g_passed - p0, g_failed - f0);
     }
