@@ -2,9 +2,10 @@
 
 tests/native/run_aarch64.sh builds tests/native/test_kernels_native.cpp with the NEON sources and runs it on
 a CPU without the dot-product extension (cortex-a53) and on one with it (max); each run ends with the line
-"N passed, M failed".
+"N passed, M failed". bench/native/icount_aarch64.sh counts the instructions of the q4_K products there.
 """
 
+import json
 import platform
 import re
 import shutil
@@ -19,11 +20,17 @@ TOOLS = ["aarch64-linux-gnu-g++", "qemu-aarch64"]
 MISSING = [t for t in TOOLS if shutil.which(t) is None]
 
 
-@pytest.mark.skipif(
+needs_qemu = pytest.mark.skipif(
     bool(MISSING),
     reason=f"{' and '.join(MISSING)} not found (Debian: apt-get install g++-aarch64-linux-gnu qemu-user)",
 )
-@pytest.mark.skipif(not (ROOT / "csrc" / "kernels_neon.cpp").exists(), reason="needs the source tree (csrc/)")
+needs_source = pytest.mark.skipif(
+    not (ROOT / "csrc" / "kernels_neon.cpp").exists(), reason="needs the source tree (csrc/)"
+)
+
+
+@needs_qemu
+@needs_source
 @pytest.mark.skipif(
     platform.machine() in ("aarch64", "arm64"), reason="runs natively on aarch64 (test_matmul)"
 )
@@ -41,3 +48,20 @@ def test_neon_kernels_under_qemu(tmp_path):
     assert re.search(r"^neon\+dotprod: \d+ passed, 0 failed$", r.stdout, re.MULTILINE), out[-6000:]
     # the model operators' NEON table ran against the scalar one on both CPUs
     assert len(re.findall(r"^model ops neon: [1-9]\d* passed, 0 failed$", r.stdout, re.MULTILINE)) == 2, out[-6000:]
+
+
+@needs_qemu
+@needs_source
+def test_instruction_count_bench(tmp_path):
+    # bench/native/icount_aarch64.sh: the NEON dot-product table's q4_K product in both layouts under qemu;
+    # the repacked one executes fewer instructions at every token count (a count, not a time: deterministic)
+    out = tmp_path / "icount.json"
+    script = ROOT / "bench" / "native" / "icount_aarch64.sh"
+    r = subprocess.run(["bash", str(script), str(tmp_path / "build"), str(out)],
+                       check=False, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    results = json.loads(out.read_text())["results"]
+    assert [e["tokens"] for e in results] == [1, 2, 4, 8, 16]
+    for e in results:
+        assert 0 < e["q4_k_r16"] < e["q4_k"] and e["ratio"] > 1, e
+    assert "q4_k_r16" in r.stdout and "ratio" in r.stdout
