@@ -297,16 +297,18 @@ using TileQ6_K = TileQK<UnpackQ6_K>::T<RM, RN>;
 
 #if defined(CLOVER_NEON_DOTPROD)
 // ---- q4_K repacked by 16 rows (block_q4_K_r16): one row per int32 lane, a group of 16 in four quads ----
-// The layout's kernel on 4-lane registers with sdot by element (vdotq_laneq_s32): per chunk, word t and
-// token, each quad's 4 weights of 4 rows against the token's 4 activations of word t, the low nibbles
-// (sub-block 2c) and the high ones (2c + 1) from one load, each a chain of its own: 8 chains per token,
-// 16 at 2 tokens (sdot's latency wants several in flight). Then the int32 sums to float times d x scale
-// of each row; the mins by widening multiplies of the (min, min) pairs against the token's sub-block sums;
-// d_x once per super-block (kernel_r16_256.h's order). Weights are 0..15, so signed x signed sdot needs
-// no offset. Not timed: nothing here runs Arm code natively (qemu checks it, tests/native); the prefetch
-// distances are the AVX2 kernel's.
+// The layout's kernel on 4-lane registers with sdot by element (vdotq_laneq_s32): per chunk, word and
+// token, each quad's 4 weights of 4 rows against the token's 4 activations of that word, the low nibbles
+// (sub-block 2c) and the high ones (2c + 1) of one load in two chains: 8 chains per token, 16 at 2 tokens
+// (sdot's latency wants several in flight). Weights are 0..15, so signed x signed sdot needs no offset.
+// Each sub-block's sum times its scale is added in int32 (at most 8 x 63 x 32 x 15 x 127 < 2^31), the
+// mins by widening multiplies of the (min, min) pairs against the token's sub-block sums, and the float
+// arithmetic per super-block is the reference's, so with -ffp-contract=off the results equal
+// kernels_ref.cpp's bit for bit. Not timed: nothing here runs Arm code natively (qemu checks it,
+// tests/native; bench/native/icount_aarch64.sh counts its instructions); the prefetch distances are the
+// AVX2 kernel's.
 struct TileR16 {
-    static constexpr int GMAX = 2;  // 2 tokens: 16 sums, 4 activation vectors, 8 float sums
+    static constexpr int GMAX = 2;  // 2 tokens: 16 chains, 4 activation vectors, 8 sums of the super-block
 
     template <Prefetch PF>
     static void prefetch(const void* p) {
@@ -330,16 +332,22 @@ struct TileR16 {
         }
     }
 
+    // The 16 rows' scales of sub-block j as int32, 4 per quad.
+    static void scales(const block_q4_K_r16& p, int j, int32x4_t sc[4]) {
+        const uint8x16_t b = vld1q_u8(p.sc[j]);
+        const uint16x8_t h[2] = {vmovl_u8(vget_low_u8(b)), vmovl_high_u8(b)};
+        for (int q = 0; q < 4; q++)
+            sc[q] = vreinterpretq_s32_u32(q % 2 ? vmovl_high_u16(h[q / 2]) : vmovl_u16(vget_low_u16(h[q / 2])));
+    }
+
     // Super-block s of the 16 rows at p for G tokens: acc[16 g + r] += its share of row r's dot with token g.
     template <int G, Prefetch PF>
     static void superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
                            float* acc) {
         for (int k = 0; k < 5; k++) prefetch<PF>((const char*)&p + 64 * k);
-        float32x4_t d[4], f[G][4];
-        for (int q = 0; q < 4; q++) {
-            d[q] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p.d + 4 * q)));
-            for (int g = 0; g < G; g++) f[g][q] = vdupq_n_f32(0.f);
-        }
+        int32x4_t sq[G][4];  // sum over sub-blocks of scale x dot, per row
+        for (int g = 0; g < G; g++)
+            for (int q = 0; q < 4; q++) sq[g][q] = vdupq_n_s32(0);
         for (int c = 0; c < 4; c++) {
             int32x4_t sl[G][4], sh[G][4];
             for (int g = 0; g < G; g++)
@@ -355,17 +363,12 @@ struct TileR16 {
                 word<G, 2, PF>(p, c, u, xl, xh, sl, sh);
                 word<G, 3, PF>(p, c, u, xl, xh, sl, sh);
             }
-            for (int hi = 0; hi < 2; hi++) {  // d x scale of sub-block 2c + hi, 4 rows per quad
-                const uint8x16_t sc8 = vld1q_u8(p.sc[2 * c + hi]);
-                const uint16x8_t sc16[2] = {vmovl_u8(vget_low_u8(sc8)), vmovl_high_u8(sc8)};
-                for (int q = 0; q < 4; q++) {
-                    const uint16x8_t h = sc16[q / 2];
-                    const uint32x4_t sc32 = q % 2 ? vmovl_high_u16(h) : vmovl_u16(vget_low_u16(h));
-                    const float32x4_t ds = vmulq_f32(d[q], vcvtq_f32_u32(sc32));
-                    for (int g = 0; g < G; g++)
-                        f[g][q] = vfmaq_f32(f[g][q], vcvtq_f32_s32(hi ? sh[g][q] : sl[g][q]), ds);
-                }
-            }
+            int32x4_t sc_lo[4], sc_hi[4];
+            scales(p, 2 * c, sc_lo);
+            scales(p, 2 * c + 1, sc_hi);
+            for (int q = 0; q < 4; q++)
+                for (int g = 0; g < G; g++)
+                    sq[g][q] = vmlaq_s32(vmlaq_s32(sq[g][q], sl[g][q], sc_lo[q]), sh[g][q], sc_hi[q]);
         }
         for (int q = 0; q < 4; q++) {
             // mins: (m_2c, m_2c+1) of 4 rows as int16 against the token's (bsum_2c, bsum_2c+1), pairs added
@@ -379,13 +382,14 @@ struct TileR16 {
                                                         vmull_high_s16(mn, b)));
                 }
             }
+            // the reference's x.d * (d * sum_q - dmin * sum_m), added to the row's sum
+            const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p.d + 4 * q)));
             const float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p.dmin + 4 * q)));
             for (int g = 0; g < G; g++) {
-                const float dx = xs[g][s].d;
+                const float32x4_t v = vsubq_f32(vmulq_f32(d, vcvtq_f32_s32(sq[g][q])),
+                                                vmulq_f32(dmin, vcvtq_f32_s32(mi[g])));
                 float* a = acc + 16 * g + 4 * q;
-                float32x4_t v = vfmaq_n_f32(vld1q_f32(a), f[g][q], dx);
-                v = vfmsq_f32(v, vcvtq_f32_s32(mi[g]), vmulq_n_f32(dmin, dx));
-                vst1q_f32(a, v);
+                vst1q_f32(a, vaddq_f32(vld1q_f32(a), vmulq_n_f32(v, xs[g][s].d)));
             }
         }
     }
