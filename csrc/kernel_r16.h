@@ -53,6 +53,30 @@ inline void with_tokens(int n, F&& f) {
     f(std::integral_constant<int, GMAX>());
 }
 
+// rows and step of a Tile T whose superblock<G, PF>(p, s, xs, bsp, acc) adds super-block s of the 16 rows
+// at p to the 16 G sums at acc in memory (kernel_r16_256.h's and the NEON one; AVX-512's keep theirs in
+// registers).
+template <class T>
+struct R16SumsInMemory {
+    // G tokens over every super-block (all the call's tokens in one group).
+    template <int G>
+    static void rows(const block_q4_K_r16* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp,
+                     float* y, int64_t ldy) {
+        alignas(32) float acc[16 * G] = {};
+        for (int64_t s = 0; s < nsb; s++) T::template superblock<G, Prefetch::L1>(P[s], s, xs, bsp, acc);
+        for (int g = 0; g < G; g++) std::memcpy(y + g * ldy, acc + 16 * g, sizeof(float) * 16);
+    }
+    // One super-block for one of several groups.
+    template <int G>
+    static void step(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
+                     float* acc, bool first) {
+        if (first)
+            T::template superblock<G, Prefetch::L2>(p, s, xs, bsp, acc);
+        else
+            T::template superblock<G, Prefetch::NONE>(p, s, xs, bsp, acc);
+    }
+};
+
 template <class Tile>
 void gemm_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
               int64_t n0, int64_t n1) {

@@ -33,7 +33,7 @@ namespace {
 // kernels_avx512.cpp's kernel lost 14-25% at one token with the second prefetch and keeps it for two
 // or more. The AVX-VNNI instance has not been timed (nothing here has AVX-VNNI; bench/NOTES.md, 48).
 template <class Dot>
-struct TileR16 {
+struct TileR16 : R16SumsInMemory<TileR16<Dot>> {
     static constexpr int GMAX = 4;  // 4 tokens: 4 sums, 4 chains, a weight vector and a broadcast
     static_assert(Dot::chain(15) >= 8, "a sub-block's 8 vectors are one chain");
 
@@ -87,23 +87,6 @@ struct TileR16 {
                 _mm256_storeu_ps(a, v);
             }
         }
-    }
-    // G tokens over every super-block (all the call's tokens in one group).
-    template <int G>
-    static void rows(const block_q4_K_r16* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp,
-                     float* y, int64_t ldy) {
-        alignas(32) float acc[16 * G] = {};
-        for (int64_t s = 0; s < nsb; s++) superblock<G, Prefetch::L1>(P[s], s, xs, bsp, acc);
-        for (int g = 0; g < G; g++) std::memcpy(y + g * ldy, acc + 16 * g, sizeof(float) * 16);
-    }
-    // One super-block for one of several groups.
-    template <int G>
-    static void step(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
-                     float* acc, bool first) {
-        if (first)
-            superblock<G, Prefetch::L2>(p, s, xs, bsp, acc);
-        else
-            superblock<G, Prefetch::NONE>(p, s, xs, bsp, acc);
     }
 };
 

@@ -301,13 +301,13 @@ using TileQ6_K = TileQK<UnpackQ6_K>::T<RM, RN>;
 // token, each quad's 4 weights of 4 rows against the token's 4 activations of that word, the low nibbles
 // (sub-block 2c) and the high ones (2c + 1) of one load in two chains: 8 chains per token, 16 at 2 tokens
 // (sdot's latency wants several in flight). Weights are 0..15, so signed x signed sdot needs no offset.
-// Each sub-block's sum times its scale is added in int32 (at most 8 x 63 x 32 x 15 x 127 < 2^31), the
+// Each sub-block's sum times its scale is added in int32 (at most 8 x 63 x 32 x 15 x 128 < 2^31), the
 // mins by widening multiplies of the (min, min) pairs against the token's sub-block sums, and the float
 // arithmetic per super-block is the reference's, so with -ffp-contract=off the results equal
 // kernels_ref.cpp's bit for bit. Not timed: nothing here runs Arm code natively (qemu checks it,
 // tests/native; bench/native/icount_aarch64.sh counts its instructions); the prefetch distances are the
 // AVX2 kernel's.
-struct TileR16 {
+struct TileR16 : R16SumsInMemory<TileR16> {
     static constexpr int GMAX = 2;  // 2 tokens: 16 chains, 4 activation vectors, 8 sums of the super-block
 
     template <Prefetch PF>
@@ -319,7 +319,7 @@ struct TileR16 {
     template <int G, int L, Prefetch PF>
     static void word(const block_q4_K_r16& p, int c, int u, const int8x16_t* xl, const int8x16_t* xh,
                      int32x4_t (*sl)[4], int32x4_t (*sh)[4]) {
-        const uint8_t* w = p.qs[c][4 * u + L][0];
+        const uint8_t* w = (const uint8_t*)p.qs[c][4 * u + L];  // the word's 16 rows: 64 bytes
         prefetch<PF>(w);  // each word is a line of its own
         for (int q = 0; q < 4; q++) {
             const uint8x16_t v = vld1q_u8(w + 16 * q);
@@ -375,7 +375,7 @@ struct TileR16 {
             int32x4_t mi[G];
             for (int g = 0; g < G; g++) mi[g] = vdupq_n_s32(0);
             for (int c = 0; c < 4; c++) {
-                const int16x8_t mn = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(p.mn[c][4 * q])));
+                const int16x8_t mn = vreinterpretq_s16_u16(vmovl_u8(vld1_u8((const uint8_t*)p.mn[c] + 8 * q)));
                 for (int g = 0; g < G; g++) {
                     const int16x8_t b = vreinterpretq_s16_s32(vdupq_n_s32(bsp[g][4 * s + c]));
                     mi[g] = vaddq_s32(mi[g], vpaddq_s32(vmull_s16(vget_low_s16(mn), vget_low_s16(b)),
@@ -392,23 +392,6 @@ struct TileR16 {
                 vst1q_f32(a, vaddq_f32(vld1q_f32(a), vmulq_n_f32(v, xs[g][s].d)));
             }
         }
-    }
-    // G tokens over every super-block (all the call's tokens in one group).
-    template <int G>
-    static void rows(const block_q4_K_r16* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp,
-                     float* y, int64_t ldy) {
-        float acc[16 * G] = {};
-        for (int64_t s = 0; s < nsb; s++) superblock<G, Prefetch::L1>(P[s], s, xs, bsp, acc);
-        for (int g = 0; g < G; g++) std::memcpy(y + g * ldy, acc + 16 * g, sizeof(float) * 16);
-    }
-    // One super-block for one of several groups.
-    template <int G>
-    static void step(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
-                     float* acc, bool first) {
-        if (first)
-            superblock<G, Prefetch::L2>(p, s, xs, bsp, acc);
-        else
-            superblock<G, Prefetch::NONE>(p, s, xs, bsp, acc);
     }
 };
 #endif

@@ -28,26 +28,27 @@ done
 pids+=($!)
 for pid in "${pids[@]}"; do wait "$pid"; done
 "$cxx" -static -pthread "$out"/*.o -o "$out/icount_driver" -Wl,-Map,"$out/icount_driver.map"
-# the kernel object's code in the linked program (the linker keeps an object's .text in one piece)
+# the kernel object's code in the linked program (GNU ld's map; GCC puts the object's code in one .text)
 read -r lo size < <(awk '$1 == ".text" && $4 ~ /kernels_neon_dotprod\.o$/ {print $2, $3; exit}' \
-  "$out/icount_driver.map")
-hi=$(printf '0x%x' $((lo + size)))
+  "$out/icount_driver.map") || { echo "icount_aarch64.sh: no .text of kernels_neon_dotprod.o in the map" >&2; exit 1; }
 
 echo "q4_K, $rows rows x $k, NEON dot-product table: instructions per row, super-block and token"
 results=()
 for m in 1 2 4 8 16; do
   line="$m"
   for layout in q4_k q4_k_r16; do
-    "$qemu" -cpu max -d in_asm,exec,nochain -dfilter "$lo..$hi" -D "$out/log" \
+    "$qemu" -cpu max -d in_asm,exec,nochain -dfilter "$lo+$size" -D "$out/log" \
       "$out/icount_driver" "$layout" $rows $k $m $reps >/dev/null
     n=$(python3 - "$out/log" <<'PY'
 import collections, re, sys
 size, hits, start = {}, collections.Counter(), None
 for line in open(sys.argv[1], errors="replace"):
     m = re.match(r"0x([0-9a-f]+):\s", line)
-    if m:  # an instruction of the block being translated (-d in_asm)
-        start = int(m.group(1), 16) if start is None else start
-        size[start] = size.get(start, 0) + 1
+    if m:  # an instruction of the block being translated (-d in_asm); a block translated again replaces it
+        if start is None:
+            start = int(m.group(1), 16)
+            size[start] = 0
+        size[start] += 1
         continue
     start = None
     m = re.search(r"Trace \d+: \S+ \[[0-9a-f]+/([0-9a-f]+)/", line)  # a block executed (-d exec, nochain)

@@ -593,6 +593,9 @@ int main(int argc, char** argv) {
            "kernels_neon() picks the dotprod build iff the cpu has dotprod");
     expect(std::string(kernels_neon()->isa) == "neon" && available_isas().back() == "neon",
            "neon is listed and is the best isa");
+    // q4_k_r16 has a kernel of its own in the dot-product build only (the plain one carries the reference)
+    expect(!has_native_q4_K_r16(*kernels_neon_plain()) && has_native_q4_K_r16(*kernels_neon_dotprod()),
+           "the dot-product build alone multiplies q4_k_r16 natively");
     tables.push_back({"neon", kernels_neon_plain()});
     if (cpu.dotprod) tables.push_back({"neon+dotprod", kernels_neon_dotprod()});
 #endif
