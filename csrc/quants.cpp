@@ -588,7 +588,15 @@ void act_q8_a_ref(const float* x, block_q8_a* y, int64_t k) {
     for (int64_t i = 0; i < k / QK; i++) {
         const float* xb = x + i * QK;
         float amax = 0.f;
-        for (int j = 0; j < QK; j++) amax = std::max(amax, std::fabs(xb[j]));
+        bool finite = true;
+        for (int j = 0; j < QK; j++) {
+            finite = finite && std::isfinite(xb[j]);
+            amax = std::max(amax, std::fabs(xb[j]));
+        }
+        if (!finite) {
+            act_block_nonfinite(&y[i].d, y[i].qs, QK);
+            continue;
+        }
         const float d = amax / 127.f;
         const float id = act_inverse_scale(d);
         y[i].d = d;
@@ -600,7 +608,15 @@ void act_q8_K_ref(const float* x, block_q8_K* y, int64_t k) {
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float* xb = x + i * QK_K;
         float amax = 0.f;
-        for (int j = 0; j < QK_K; j++) amax = std::max(amax, std::fabs(xb[j]));
+        bool finite = true;
+        for (int j = 0; j < QK_K; j++) {
+            finite = finite && std::isfinite(xb[j]);
+            amax = std::max(amax, std::fabs(xb[j]));
+        }
+        if (!finite) {
+            act_block_nonfinite(&y[i].d, y[i].qs, QK_K, y[i].bsums, QK_K / 16);
+            continue;
+        }
         const float d = amax / 127.f;
         const float id = act_inverse_scale(d);
         y[i].d = d;

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "formats.h"
 
@@ -48,6 +50,14 @@ const ActQuant& act_quant_ref();
 inline float act_inverse_scale(float d) {
     const float id = 1.f / d;
     return std::isfinite(id) ? id : 0.f;
+}
+// An activation block holding a NaN or an Inf, on every path: scale NaN, quants and sums 0, so each
+// product with it is NaN and the forward's check of its logits reports the corrupt weights that made it
+// (int8 quants would carry finite garbage on: a NaN cast to an integer is undefined, and max() skips it).
+inline void act_block_nonfinite(float* d, int8_t* qs, int n, int16_t* bsums = nullptr, int n_sums = 0) {
+    *d = std::numeric_limits<float>::quiet_NaN();
+    std::memset(qs, 0, (size_t)n);
+    if (bsums) std::memset(bsums, 0, sizeof(int16_t) * (size_t)n_sums);
 }
 // Activation rows [m0, m1) of X[., K] in the format weights of type t multiply against (act_format:
 // q8_a, q8_K or fp32), row m at out + m * act_row_bytes(t, K); on the calling thread.

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "quants.h"
 
@@ -181,14 +182,20 @@ inline void round_32(const float* x, __m256 id, int8_t* out, __m256i v[4]) {
     _mm256_storeu_si256((__m256i*)out, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-// d = amax / 127 of n values (stored in *d) and the multiplier act_inverse_scale(d).
-inline __m256 block_scale(const float* x, int n, float* d) {
-    const __m256 sign = _mm256_set1_ps(-0.f);
-    __m256 m = _mm256_setzero_ps();
-    // (max_ps returns its second operand when one is NaN: a NaN is skipped, as std::max(amax, NaN) does)
-    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
+// d = amax / 127 of n values (stored in *d) and the multiplier act_inverse_scale(d); false (nothing stored)
+// where a value is NaN or Inf.
+inline bool block_scale(const float* x, int n, float* d, __m256* id) {
+    const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(std::numeric_limits<float>::max());
+    __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
+        m = _mm256_max_ps(a, m);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));  // NaN (unordered) or Inf
+    }
+    if (_mm256_movemask_ps(bad)) return false;
     *d = hmax(m) / 127.f;
-    return _mm256_set1_ps(act_inverse_scale(*d));
+    *id = _mm256_set1_ps(act_inverse_scale(*d));
+    return true;
 }
 
 inline int32_t hsum_i32(__m256i v) {
@@ -201,14 +208,22 @@ inline int32_t hsum_i32(__m256i v) {
 void act_q8_a_avx2(const float* x, block_q8_a* y, int64_t k) {
     for (int64_t i = 0; i < k / QK; i++) {
         __m256i v[4];
-        round_32(x + i * QK, block_scale(x + i * QK, QK, &y[i].d), y[i].qs, v);
+        __m256 id;
+        if (block_scale(x + i * QK, QK, &y[i].d, &id))
+            round_32(x + i * QK, id, y[i].qs, v);
+        else
+            act_block_nonfinite(&y[i].d, y[i].qs, QK);
     }
 }
 
 void act_q8_K_avx2(const float* x, block_q8_K* y, int64_t k) {
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float* xb = x + i * QK_K;
-        const __m256 vid = block_scale(xb, QK_K, &y[i].d);
+        __m256 vid;
+        if (!block_scale(xb, QK_K, &y[i].d, &vid)) {
+            act_block_nonfinite(&y[i].d, y[i].qs, QK_K, y[i].bsums, QK_K / 16);
+            continue;
+        }
         for (int j = 0; j < QK_K / 32; j++) {
             __m256i v[4];
             round_32(xb + 32 * j, vid, y[i].qs + 32 * j, v);

@@ -135,6 +135,22 @@ def test_nonfinite_weights_in_a_matrix(small, tmp_path, value):
         assert g.verify() == [name]
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("which", ["ffn_down_shexp", "ssm_out", "attn_qkv"])
+def test_nonfinite_weights_in_a_layer(small, tmp_path, value, which):
+    """A bad scale in a layer's matrix (not the output head) stops the forward too: the activation quantizer
+    gives a block holding NaN or Inf a NaN scale, so the logits are NaN, where int8 quants used to carry
+    finite garbage on (the model generated tokens)."""
+    with GGUFFile(small) as g:
+        name = next(n for n in g.tensors if n.startswith("blk.0.") and which in n)
+    p = tmp_path / "bad.gguf"
+    _poke(small, p, name, value, where=3)
+    m = clover_cpu.load(p)
+    with pytest.raises(GGUFError, match="NaN or Inf logits.*info --verify"):
+        list(m.generate("def f(x):", max_new_tokens=8))
+    m.close()
+
+
 @pytest.mark.parametrize("fmt", ["f32", "f16", "bf16", "q4_0", "q4_k", "q5_k", "q6_k"])
 def test_nonfinite_scan_of_every_format(tmp_path, fmt):
     """The scan looks at the right bytes of every block format: a quantized tensor with one scale set

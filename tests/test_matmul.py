@@ -263,6 +263,37 @@ def test_matmul_many_bad_input(rng):
 
 
 @pytest.mark.parametrize("kind,block", [("q8_a", 32), ("q8_K", 256)])
+def test_activation_quantizer_nonfinite_blocks(kind, block, rng):
+    # a block holding NaN or Inf: scale NaN, quants (and sums) 0 on both paths, so products with it are NaN
+    # (int8 quants would carry finite garbage on); the other blocks as usual
+    from clover_cpu import _core
+
+    x = rng.standard_normal((2, 4 * block)).astype(np.float32)
+    x[0, block + 7] = np.nan
+    x[0, 2 * block] = np.inf
+    x[1, 4 * block - 1] = -np.inf
+    size = 36 if kind == "q8_a" else 292
+    got = {simd: _core.quantize_acts(x, kind, simd).reshape(2, 4, size) for simd in (True, False)}
+    np.testing.assert_array_equal(got[True], got[False])
+    q = got[True]
+    d = q[:, :, :4].copy().view(np.float32)[:, :, 0]
+    bad = np.zeros((2, 4), bool)
+    bad[0, 1] = bad[0, 2] = bad[1, 3] = True
+    assert np.isnan(d[bad]).all() and np.isfinite(d[~bad]).all() and (d[~bad] > 0).all()
+    assert not q[bad][:, 4:].any()  # quants and (q8_K) sub-block sums all 0
+    assert q[~bad][:, 4 : 4 + block].any()
+    # through a product, every ISA (the q4_k one also repacked): a row that meets such a block is NaN, a
+    # finite row stays finite
+    fmt = "q8_0" if kind == "q8_a" else "q4_k"
+    w, _ = make(rng, fmt, 32, 4 * block)
+    xs = np.vstack([x, np.ones((1, 4 * block), np.float32)])
+    for isa in ISAS:
+        for ww, f in [(w, fmt)] + ([(kernels.repack_q4_k_r16([w])[0], "q4_k_r16")] if fmt == "q4_k" else []):
+            y = kernels.matmul(xs, ww, f, isa=isa)
+            assert np.isnan(y[:2]).all() and np.isfinite(y[2]).all(), (isa, f)
+
+
+@pytest.mark.parametrize("kind,block", [("q8_a", 32), ("q8_K", 256)])
 def test_activation_quantizer_simd_equals_scalar(kind, block, rng):
     # the kernels' activation quantizer: the AVX2 twin (where present) gives the scalar one's bytes
     from clover_cpu import _core
