@@ -77,6 +77,14 @@ if [[ -z "$(installed_version llama_cpp_python)" || "$(installed_version llama_c
 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
 -DLLAVA_BUILD=OFF"
     export CMAKE_BUILD_PARALLEL_LEVEL="$jobs"
+    # On a CPU with AMX (Xeon Sapphire Rapids and later) GGML_NATIVE compiles llama.cpp's AMX kernels, and
+    # this version dies of SIGILL (a tile instruction) at its first batched forward (pp32), even in a process
+    # that has been granted the tile state. Built without AMX it runs its AVX-512 code, as on other CPUs.
+    if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+        export CFLAGS="${CFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        export CXXFLAGS="${CXXFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        say "this CPU has AMX: building llama.cpp without it (CFLAGS=$CFLAGS)"
+    fi
     say "building llama-cpp-python==$llama_cpp_ver with -j$jobs, CMAKE_ARGS=$CMAKE_ARGS"
     t0=$SECONDS
     "${pip[@]}" --no-cache-dir --verbose "llama-cpp-python==$llama_cpp_ver" >"$venv/llama-cpp-build.log" 2>&1 || {
