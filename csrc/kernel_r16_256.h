@@ -32,10 +32,12 @@ namespace {
 // to L1 alone); several groups to L2 8 KB ahead (5 tokens 4.9 -> 3.4-3.5 ns per token against 2 KB).
 // kernels_avx512.cpp's kernel lost 14-25% at one token with the second prefetch and keeps it for two
 // or more. The AVX-VNNI instance, timed in session 18 on a Xeon with AVX-VNNI (bench/NOTES.md, after 49):
-// in the model +16% at one token, +1-6% at 8-16, -4 to -11% at 32 against the vpdpbusd lane tiles.
+// in the model, against the vpdpbusd lane tiles, +15% at one token, +8-10% at 8, -6 to -7% at 32-128.
 template <class Dot>
 struct TileR16 : R16SumsInMemory<TileR16<Dot>> {
-    static constexpr int GMAX = 4;  // 4 tokens: 4 sums, 4 chains, a weight vector and a broadcast
+    // tokens per weight load: Dot::R16_TOKENS (AVX2 4: 4 sums, 4 chains, a weight vector and a broadcast;
+    // AVX-VNNI 6, which spills a few sums and still wins: kernels_avxvnni.cpp)
+    static constexpr int GMAX = Dot::R16_TOKENS;
     static_assert(Dot::chain(15) >= 8, "a sub-block's 8 vectors are one chain");
 
     template <Prefetch PF>

@@ -313,6 +313,7 @@ using TileQ6_K = TileQ6K::T<RM, RN>;
 // takes all eight q4_K vectors of a super-block, four of q5_K, two of q6_K.
 struct DotMaddubs {
     using Sum = __m256i;
+    static constexpr int R16_TOKENS = 4;  // kernel_r16_256.h's tile (2, 3, 4 and 6: within 5% from 3 tokens on)
     static constexpr int chain(int qmax) { return 32767 / (2 * 127 * qmax); }
     static __m256i start(__m256i) { return _mm256_setzero_si256(); }
     static __m256i dot(__m256i s, __m256i q, __m256i x) { return _mm256_add_epi16(s, _mm256_maddubs_epi16(q, x)); }
