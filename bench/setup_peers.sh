@@ -72,26 +72,34 @@ done
 
 # llama-cpp-python: an sdist that compiles llama.cpp (10-20 min on 2 cores). CPU only, no tools,
 # tests, examples, server or the multimodal (mtmd/llava) library, which the text API never loads.
-if [[ -z "$(installed_version llama_cpp_python)" || "$(installed_version llama_cpp_python)" != "$llama_cpp_ver" ]]; then
+# On a CPU with AMX (Xeon Sapphire Rapids and later) GGML_NATIVE compiles llama.cpp's AMX kernels, and
+# this version dies of SIGILL (a tile instruction) at its first batched forward (pp32), even in a process
+# that has been granted the tile state. Built without AMX it runs its AVX-512 code, as on other CPUs. The
+# flags of the build are kept next to it, so a build made with AMX (before this check) is replaced.
+llama_flags=""
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    llama_flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
+flags_file="$venv/llama-cpp-build-flags"
+if [[ -z "$(installed_version llama_cpp_python)" || "$(installed_version llama_cpp_python)" != "$llama_cpp_ver" ||
+      "$(cat "$flags_file" 2>/dev/null || true)" != "$llama_flags" ]]; then
     export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
 -DLLAVA_BUILD=OFF"
     export CMAKE_BUILD_PARALLEL_LEVEL="$jobs"
-    # On a CPU with AMX (Xeon Sapphire Rapids and later) GGML_NATIVE compiles llama.cpp's AMX kernels, and
-    # this version dies of SIGILL (a tile instruction) at its first batched forward (pp32), even in a process
-    # that has been granted the tile state. Built without AMX it runs its AVX-512 code, as on other CPUs.
-    if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
-        export CFLAGS="${CFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-        export CXXFLAGS="${CXXFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-        say "this CPU has AMX: building llama.cpp without it (CFLAGS=$CFLAGS)"
-    fi
+    if [[ -n "$llama_flags" ]]; then say "this CPU has AMX: building llama.cpp without it ($llama_flags)"; fi
+    if [[ -n "$(installed_version llama_cpp_python)" ]]; then "$py" -m pip uninstall -y -q llama-cpp-python; fi
     say "building llama-cpp-python==$llama_cpp_ver with -j$jobs, CMAKE_ARGS=$CMAKE_ARGS"
     t0=$SECONDS
-    "${pip[@]}" --no-cache-dir --verbose "llama-cpp-python==$llama_cpp_ver" >"$venv/llama-cpp-build.log" 2>&1 || {
+    # (the flags for this build only: CMake reads CFLAGS / CXXFLAGS when it configures)
+    CFLAGS="${CFLAGS:-} $llama_flags" CXXFLAGS="${CXXFLAGS:-} $llama_flags" \
+    "${pip[@]}" --no-cache-dir --verbose "llama-cpp-python==$llama_cpp_ver" \
+        >"$venv/llama-cpp-build.log" 2>&1 || {
         say "llama-cpp-python build FAILED, last lines of $venv/llama-cpp-build.log:"
         tail -n 40 "$venv/llama-cpp-build.log"
         exit 1
     }
+    printf '%s' "$llama_flags" > "$flags_file"
     say "built llama-cpp-python==$llama_cpp_ver in $((SECONDS - t0)) s (log: $venv/llama-cpp-build.log)"
 else
     say "skip llama-cpp-python (installed $llama_cpp_ver)"

@@ -32,7 +32,8 @@ namespace {
 // to L1 alone); several groups to L2 8 KB ahead (5 tokens 4.9 -> 3.4-3.5 ns per token against 2 KB).
 // kernels_avx512.cpp's kernel lost 14-25% at one token with the second prefetch and keeps it for two
 // or more. The AVX-VNNI instance, timed in session 18 on a Xeon with AVX-VNNI (bench/NOTES.md, after 49):
-// in the model, against the vpdpbusd lane tiles, +15% at one token, +8-10% at 8, -6 to -7% at 32-128.
+// in the model, against the file layout (the AVX2 GEMV at one token, the vpdpbusd lane tiles from two),
+// ~+15% at one token, +1 to +10% at 8, -4 to -12% at 32-128.
 template <class Dot>
 struct TileR16 : R16SumsInMemory<TileR16<Dot>> {
     // tokens per weight load: Dot::R16_TOKENS (AVX2 4: 4 sums, 4 chains, a weight vector and a broadcast;

@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "formats.h"
 
@@ -47,15 +46,16 @@ struct ActQuant {
 const ActQuant& act_quant_ref();
 // An activation block's multiplier 1 / d (d = amax / 127): 0 where it is not finite (an all-zero block, or
 // amax under ~1e-36), so such a block quantizes to zeros on every path.
-inline float act_inverse_scale(float d) {
+static inline float act_inverse_scale(float d) {
     const float id = 1.f / d;
-    return std::isfinite(id) ? id : 0.f;
+    return __builtin_isfinite(id) ? id : 0.f;  // (the builtin: no weak std:: copy at -O0)
 }
 // An activation block holding a NaN or an Inf, on every path: scale NaN, quants and sums 0, so each
 // product with it is NaN and the forward's check of its logits reports the corrupt weights that made it
 // (int8 quants would carry finite garbage on: a NaN cast to an integer is undefined, and max() skips it).
-inline void act_block_nonfinite(float* d, int8_t* qs, int n, int16_t* bsums = nullptr, int n_sums = 0) {
-    *d = std::numeric_limits<float>::quiet_NaN();
+// (static: both ISA files include this; an unoptimised build must not share one copy between them.)
+static inline void act_block_nonfinite(float* d, int8_t* qs, int n, int16_t* bsums = nullptr, int n_sums = 0) {
+    *d = NAN;
     std::memset(qs, 0, (size_t)n);
     if (bsums) std::memset(bsums, 0, sizeof(int16_t) * (size_t)n_sums);
 }

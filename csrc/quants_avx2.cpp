@@ -3,9 +3,9 @@
 // choices, with sums taken 8 lanes at a time (so a rare near-tie may pick the other candidate).
 #include <immintrin.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "quants.h"
 
@@ -123,7 +123,7 @@ float qx_avx2(int n, int nmax, const float* x, int8_t* L) {
     if (n != 16) return quant_search_ref().qx(n, nmax, x, L);
     float max = 0, amax = 0;
     for (int i = 0; i < n; ++i) {  // the first value of largest magnitude, as the reference picks it
-        const float ax = std::fabs(x[i]);
+        const float ax = __builtin_fabsf(x[i]);  // (the builtin: no weak std:: copy of AVX2 code at -O0)
         if (ax > amax) {
             amax = ax;
             max = x[i];
@@ -185,7 +185,7 @@ inline void round_32(const float* x, __m256 id, int8_t* out, __m256i v[4]) {
 // d = amax / 127 of n values (stored in *d) and the multiplier act_inverse_scale(d); false (nothing stored)
 // where a value is NaN or Inf.
 inline bool block_scale(const float* x, int n, float* d, __m256* id) {
-    const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(std::numeric_limits<float>::max());
+    const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(FLT_MAX);
     __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
     for (int i = 0; i < n; i += 8) {
         const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));

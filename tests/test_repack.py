@@ -44,7 +44,7 @@ def test_reference_kernel_is_the_file_layouts_bit_for_bit(m, rng):
     assert np.array_equal(kernels.matmul(x, r, "q4_k_r16", isa="ref"), kernels.matmul(x, q, "q4_k", isa="ref"))
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 32, 33, 40, 47, 49, 64, 65, 130])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 32, 33, 40, 47, 48, 49, 64, 65, 96, 130])
 @pytest.mark.parametrize("rows,k", [(16, 256), (80, 2048), (1024, 512)])
 def test_every_isa_matches_the_reference(m, rows, k, rng):
     q = q4k(rng, rows, k)
