@@ -5,6 +5,7 @@
 #include "dispatch.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -584,43 +585,34 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
 // arithmetic on every ISA, so integer kernels can be compared exactly.
 namespace {
 
-void act_q8_a_ref(const float* x, block_q8_a* y, int64_t k) {
-    for (int64_t i = 0; i < k / QK; i++) {
-        const float* xb = x + i * QK;
-        float amax = 0.f;
-        bool finite = true;
-        for (int j = 0; j < QK; j++) {
-            finite = finite && std::isfinite(xb[j]);
-            amax = std::max(amax, std::fabs(xb[j]));
-        }
-        if (!finite) {
-            act_block_nonfinite(&y[i].d, y[i].qs, QK);
-            continue;
-        }
-        const float d = amax / 127.f;
-        const float id = act_inverse_scale(d);
-        y[i].d = d;
-        for (int j = 0; j < QK; j++) y[i].qs[j] = (int8_t)std::nearbyint(xb[j] * id);
+// d = amax / 127 of n values and their quants (quants_avx2.cpp's block_scale and round_32); false, with
+// nothing written, where a value is NaN or Inf.
+bool act_round_ref(const float* x, int n, float* d, int8_t* qs) {
+    float amax = 0.f;
+    bool bad = false;
+    for (int j = 0; j < n; j++) {
+        const float a = std::fabs(x[j]);
+        bad |= !(a <= FLT_MAX);  // NaN (unordered) or Inf
+        amax = std::max(amax, a);
     }
+    if (bad) return false;
+    *d = amax / 127.f;
+    const float id = act_inverse_scale(*d);
+    for (int j = 0; j < n; j++) qs[j] = (int8_t)std::nearbyint(x[j] * id);
+    return true;
+}
+
+void act_q8_a_ref(const float* x, block_q8_a* y, int64_t k) {
+    for (int64_t i = 0; i < k / QK; i++)
+        if (!act_round_ref(x + i * QK, QK, &y[i].d, y[i].qs)) act_block_nonfinite(&y[i].d, y[i].qs, QK);
 }
 
 void act_q8_K_ref(const float* x, block_q8_K* y, int64_t k) {
     for (int64_t i = 0; i < k / QK_K; i++) {
-        const float* xb = x + i * QK_K;
-        float amax = 0.f;
-        bool finite = true;
-        for (int j = 0; j < QK_K; j++) {
-            finite = finite && std::isfinite(xb[j]);
-            amax = std::max(amax, std::fabs(xb[j]));
-        }
-        if (!finite) {
+        if (!act_round_ref(x + i * QK_K, QK_K, &y[i].d, y[i].qs)) {
             act_block_nonfinite(&y[i].d, y[i].qs, QK_K, y[i].bsums, QK_K / 16);
             continue;
         }
-        const float d = amax / 127.f;
-        const float id = act_inverse_scale(d);
-        y[i].d = d;
-        for (int j = 0; j < QK_K; j++) y[i].qs[j] = (int8_t)std::nearbyint(xb[j] * id);
         for (int g = 0; g < QK_K / 16; g++) {
             int s = 0;
             for (int j = 0; j < 16; j++) s += y[i].qs[16 * g + j];

@@ -16,17 +16,9 @@ qemu=${QEMU_AARCH64:-qemu-aarch64}
 rows=64 k=2048 reps=3
 mkdir -p "$out"
 rm -f "$out"/*.o "$out/icount_driver"
-flags=(-std=c++17 -O3 -ffp-contract=off -DCLOVER_HAVE_NEON -I"$root/csrc" -pthread)
-pids=()
-for src in csrc/quants.cpp csrc/kernels_ref.cpp csrc/kernels_neon.cpp csrc/dispatch.cpp csrc/ops.cpp \
-           csrc/model_ops.cpp csrc/model_ops_neon.cpp csrc/threadpool.cpp bench/native/icount_driver.cpp; do
-  "$cxx" "${flags[@]}" -c "$root/$src" -o "$out/$(basename "$src" .cpp).o" &
-  pids+=($!)
-done
-"$cxx" "${flags[@]}" -march=armv8.2-a+dotprod -c "$root/csrc/kernels_neon_dotprod.cpp" \
-  -o "$out/kernels_neon_dotprod.o" &
-pids+=($!)
-for pid in "${pids[@]}"; do wait "$pid"; done
+# shellcheck source=tests/native/aarch64_objects.sh
+. "$root/tests/native/aarch64_objects.sh"
+aarch64_objects "$cxx" "$root" "$out" bench/native/icount_driver.cpp
 "$cxx" -static -pthread "$out"/*.o -o "$out/icount_driver" -Wl,-Map,"$out/icount_driver.map"
 # the kernel object's code in the linked program (GNU ld's map; GCC puts the object's code in one .text)
 read -r lo size < <(awk '$1 == ".text" && $4 ~ /kernels_neon_dotprod\.o$/ {print $2, $3; exit}' \

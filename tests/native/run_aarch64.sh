@@ -16,23 +16,10 @@ else
   trap 'rm -rf "$build"' EXIT
 fi
 
-# The extension's flags (CMakeLists.txt), warnings as errors; the dotprod build is the only file with -march.
-flags=(-std=c++17 -O3 -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Werror -DCLOVER_HAVE_NEON
-       -I"$root/csrc" -pthread)
-sources=(csrc/quants.cpp csrc/kernels_ref.cpp csrc/kernels_neon.cpp csrc/dispatch.cpp csrc/ops.cpp
-         csrc/model_ops.cpp csrc/model_ops_neon.cpp
-         csrc/threadpool.cpp tests/native/test_kernels_native.cpp)
-
+# shellcheck source=tests/native/aarch64_objects.sh
+. "$root/tests/native/aarch64_objects.sh"
 echo "compiling with $("$cxx" --version | head -n 1)"
-pids=()
-for src in "${sources[@]}"; do
-  "$cxx" "${flags[@]}" -c "$root/$src" -o "$build/$(basename "$src" .cpp).o" &
-  pids+=($!)
-done
-"$cxx" "${flags[@]}" -march=armv8.2-a+dotprod -c "$root/csrc/kernels_neon_dotprod.cpp" \
-  -o "$build/kernels_neon_dotprod.o" &
-pids+=($!)
-for pid in "${pids[@]}"; do wait "$pid"; done
+aarch64_objects "$cxx" "$root" "$build" tests/native/test_kernels_native.cpp
 
 # The +dotprod object must not define shared (weak / COMDAT) symbols: the linker could pick its copy of
 # an inline function for the whole program, and a CPU without dot product would then run Armv8.2 code.
