@@ -91,6 +91,57 @@ class Recorder:
         self.model._stack = self.stack
 
 
+def weight_bytes(path) -> dict:
+    """The weight bytes a forward can read, by kind: `dense` (every tensor each position passes through:
+    projections, norms, router, shared expert), `head` (the output head; the embedding table where the
+    head is tied), and `expert`: one routed expert's tensors summed over the MoE layers (all routed
+    tensors / experts). The embedding table is left out (one row per token)."""
+    from clover_cpu.config import Config
+    from clover_cpu.gguf_file import GGUFFile
+
+    with GGUFFile(path) as f:
+        c = Config.from_gguf(f)
+        t = f.tensors
+        head = t["output.weight"].nbytes if "output.weight" in t else t["token_embd.weight"].nbytes
+        exps = sum(x.nbytes for n, x in t.items() if "_exps." in n)
+        dense = sum(x.nbytes for n, x in t.items()
+                    if "_exps." not in n and n not in ("output.weight", "token_embd.weight"))
+    return {"dense": dense, "head": head, "expert": exps / max(1, c.n_expert), "n_expert": c.n_expert}
+
+
+def forward_bytes(w: dict, experts: float, head: bool) -> float:
+    """Weight bytes one forward reads from memory at least: the dense tensors once, the output head once
+    if any row of it is computed, and each distinct routed expert once (`experts`: distinct experts per
+    MoE layer, the mean over the layers). Caches and recurrent states are left out: a lower bound."""
+    return w["dense"] + (w["head"] if head else 0) + experts * w["expert"]
+
+
+def bandwidth_floor(res: dict, w: dict, gbps: float, B: int) -> dict:
+    """What the read bandwidth alone allows (no kernel can beat it: a forward must stream its weights
+    from DRAM, which no cache here holds): each cost-curve point's floor; the replayed diffusion at its
+    floor, against AR at its floor and against AR as measured; and the tokens a block step must commit
+    to tie or reach 1.5x AR when both run at their floors."""
+    bps = gbps * 1e9
+    ar_bytes = forward_bytes(w, res["cost_curve"][0]["experts"], True)  # T=1, the head on its one row
+    curve = [{"T": r["T"], "floor_seconds": forward_bytes(w, r["experts"], True) / bps,
+              "measured_over_floor": r["seconds"] * bps / forward_bytes(w, r["experts"], True)}
+             for r in res["cost_curve"]]
+    d, a = res["diffusion"], res["ar"]
+    diff_floor = sum(c["floor_bytes"] for c in res["_calls"]) / bps
+    step = next((r for r in res["cost_curve"] if r["T"] == B), None)
+    out = {"read_gbps": gbps, "weight_bytes": w, "ar_forward_bytes": ar_bytes, "curve": curve,
+           "diffusion_floor_seconds": diff_floor,
+           "diffusion_floor_tokens_per_second": d["generated"] / diff_floor,
+           "ar_floor_tokens_per_second": bps / ar_bytes,
+           # the ceilings on the target ratio: diffusion at its floor against AR at its floor / as measured
+           "ceiling_vs_ar_at_floor": d["generated"] / diff_floor / (bps / ar_bytes),
+           "ceiling_vs_ar_measured": d["generated"] / diff_floor / a["tokens_per_second"]}
+    if step:
+        k = forward_bytes(w, step["experts"], True) / ar_bytes
+        out["block_step"] = {"T": B, "bytes_over_ar": k, "tokens_to_tie": k, "tokens_for_1_5x": 1.5 * k}
+    return out
+
+
 def load_eval_prompts(model, n: int):
     spec = importlib.util.spec_from_file_location("train_clover", ROOT / "train" / "train_clover.py")
     tc = importlib.util.module_from_spec(spec)
@@ -151,6 +202,7 @@ def record(args) -> int:
 
 def replay(args) -> int:
     import clover_cpu
+    from clover_cpu.commands.bench import read_bandwidth_gbps
 
     doc = json.loads(args.traces.read_text())
     B = doc["block_length"]
@@ -163,10 +215,12 @@ def replay(args) -> int:
     def toks(k):
         return rng.integers(0, V, k).tolist()
 
-    # warm-up (page in the weights)
+    # warm-up (page in the weights); the read bandwidth, now and after the cost curve
     c = m.new_cache()
     m.run(c, toks(8), commit=True, block=B)
     rec.calls.clear()
+    threads = clover_cpu.system_info()["threads"]
+    bandwidth = [read_bandwidth_gbps(threads)]
     # diffusion: exactly the recorded forwards; the prompt prefill is timed apart
     diff = {"seconds": 0.0, "forwards": 0, "generated": 0, "prefill_seconds": 0.0}
     for t in traces:
@@ -209,6 +263,11 @@ def replay(args) -> int:
             ts.append(rec.calls[-1]["seconds"])
             ex.append(rec.calls[-1]["experts"])
         curve.append({"T": T, "seconds": statistics.median(ts), "experts": statistics.mean(ex)})
+    bandwidth.append(read_bandwidth_gbps(threads))
+    gbps = max(bandwidth)  # the best reading: the floor stays a lower bound
+    w = weight_bytes(args.model)
+    for call in diff_calls:
+        call["floor_bytes"] = forward_bytes(w, call["experts"], call["rows"] > 0)
     by_T: dict[int, list] = {}
     for call in diff_calls:
         if call.get("prefill"):
@@ -224,6 +283,9 @@ def replay(args) -> int:
         "cost_curve": curve,
     }
     res["speedup_vs_ar"] = res["diffusion"]["tokens_per_second"] / res["ar"]["tokens_per_second"]
+    res["_calls"] = [c for c in diff_calls if not c.get("prefill")]
+    res["bandwidth_floor"] = bandwidth_floor(res, w, gbps, B)
+    del res["_calls"]
     res["mode"] = {"window": doc.get("window", 0), "reuse": doc.get("reuse", False), "agreement": doc.get("agreement")}
     print(f"model {args.model}, {res['threads']} threads, {len(traces)} traces (block {B}, window "
           f"{res['mode']['window'] or 'off'}, reuse {'on' if res['mode']['reuse'] else 'off'})")
@@ -232,11 +294,24 @@ def replay(args) -> int:
     print(f"{'diffusion (replayed)':<22} {d['generated']:>7} {d['forwards']:>9} {d['tokens_per_forward']:>8.2f} "
           f"{d['tokens_per_second']:>8.2f} {res['speedup_vs_ar']:>5.2f}x")
     print(f"{'AR, same runtime':<22} {a['generated']:>7} {a['forwards']:>9} {1.0:>8.2f} {a['tokens_per_second']:>8.2f} {1.0:>5.2f}x")
-    print(f"{'T':>4} {'ms/forward':>11} {'ms/position':>12} {'experts/layer':>14}   (cost curve, 64-token context)")
-    for r in curve:
-        print(f"{r['T']:>4} {1e3 * r['seconds']:>11.1f} {1e3 * r['seconds'] / r['T']:>12.2f} {r['experts']:>14.1f}")
+    bf = res["bandwidth_floor"]
+    print(f"{'T':>4} {'ms/forward':>11} {'ms/position':>12} {'experts/layer':>14} {'floor ms':>9} {'x floor':>8}"
+          f"   (cost curve, 64-token context; floor: its weight bytes at {gbps:.1f} GB/s)")
+    for r, f in zip(curve, bf["curve"]):
+        print(f"{r['T']:>4} {1e3 * r['seconds']:>11.1f} {1e3 * r['seconds'] / r['T']:>12.2f} {r['experts']:>14.1f} "
+              f"{1e3 * f['floor_seconds']:>9.1f} {f['measured_over_floor']:>7.2f}x")
     print("replayed forwards by positions computed: " + ", ".join(
         f"T={T}: {v['count']} x {1e3 * v['seconds']:.0f} ms, {v['experts']:.0f} experts" for T, v in res["forwards_by_positions"].items()))
+    total = w["dense"] + w["head"] + w["expert"] * w["n_expert"]
+    if total < 1 << 30:
+        print(f"(the weights, {total / 2**20:.0f} MiB, may sit in the caches here: the floor below is no bound)")
+    print(f"bandwidth floor: these forwards at {gbps:.1f} GB/s decode {bf['diffusion_floor_tokens_per_second']:.2f} "
+          f"tokens/s at most, {bf['ceiling_vs_ar_at_floor']:.2f}x AR at its own floor "
+          f"({bf['ar_floor_tokens_per_second']:.1f} t/s), {bf['ceiling_vs_ar_measured']:.2f}x AR as measured")
+    if "block_step" in bf:
+        k = bf["block_step"]
+        print(f"a {B}-position step reads {k['bytes_over_ar']:.2f}x an AR step's weights: at the floor it ties AR "
+              f"when it commits {k['tokens_to_tie']:.2f} tokens and reaches 1.5x at {k['tokens_for_1_5x']:.2f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=1))
