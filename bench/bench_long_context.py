@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Long context: prefill a standard-library prompt of 8K, 32K and 128K tokens, then decode.
 
-For each length: the prompt is the interpreter's standard-library source (sorted files, concatenated)
+For each length (`max`: the longest prompt the file's context holds with --new tokens after it; 128K
+on the shipped model): the prompt is the interpreter's standard-library source (sorted files, concatenated)
 tokenized with the model's tokenizer and cut to N tokens; `Model.generate` prefills it (in chunks of
 clover_cpu.decode.PREFILL_CHUNK tokens) and decodes --new tokens at the file's defaults. Each length runs
 in its own process so peak RSS is that length's alone. Reports prefill tokens/s, decode tokens/s and
@@ -74,7 +75,9 @@ def clover_35b_kv() -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", help="GGUF file (default: the model shipped in the package)")
-    ap.add_argument("--lengths", default="8192,32768,131072", help="prompt lengths in tokens")
+    ap.add_argument("--lengths", default="8192,32768,max",
+                    help="prompt lengths in tokens, comma-separated; max = the file's context less --new "
+                         "(default 8192,32768,max)")
     ap.add_argument("--new", type=int, default=32, help="tokens to decode after each prompt (default 32)")
     ap.add_argument("--threads", type=int, default=0, help="kernel threads (default: one per core)")
     ap.add_argument("--json", type=Path, default=Path("bench/results/long_context.json"))
@@ -89,13 +92,28 @@ def main() -> int:
     if args.one:
         print(json.dumps(one(args.model, args.one, args.new, args.threads, args.kv_type)))
         return 0
-    rows = []
-    for n in (int(x) for x in args.lengths.split(",")):
+    from clover_cpu.config import Config
+    from clover_cpu.gguf_file import GGUFFile
+
+    with GGUFFile(args.model) as f:
+        ctx = Config.from_gguf(f).context_length
+    if args.new < 1:
+        raise SystemExit("error: --new must be >= 1")
+    lengths = []
+    for x in args.lengths.split(","):
+        n = ctx - args.new if x.strip() == "max" else int(x) if x.strip().isdigit() else 0
+        if not 0 < n <= ctx - args.new:
+            raise SystemExit(f"error: --lengths: {x.strip()!r} is not a prompt length of 1 to {ctx - args.new} tokens "
+                             f"(the file's context of {ctx} less --new {args.new}), or max")
+        lengths.append(n)
+    rows, failed = [], 0
+    for n in lengths:
         t0 = time.time()
         r = subprocess.run([sys.executable, __file__, "-m", args.model, "--one", str(n), "--new", str(args.new),
                             "--threads", str(args.threads), "--kv-type", args.kv_type], capture_output=True, text=True)
         if r.returncode:
             print(f"{n}: failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+            failed += 1
             continue
         rows.append(json.loads(r.stdout))
         print(f"  {n} tokens done in {time.time() - t0:.0f} s", file=sys.stderr)
@@ -119,7 +137,7 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"model": args.model, "kv_type": args.kv_type, "rows": rows, "clover_35b": kv,
                                      "measured_shape": shape}, indent=1))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
