@@ -199,9 +199,13 @@ def decode(model, prompt_ids, opts: Options, cache=None):
     if cache.n % B:
         raise ValueError("the cache must end on a block boundary")
     total = cache.n + len(prompt) + opts.max_new_tokens
-    if total > model.ctx_len:
+    # a forward spans whole blocks (aligned: the cache ends on a boundary), masks after the last token
+    # included, so the context must hold the block the last new token falls in
+    end = -(-total // B) * B if opts.max_new_tokens else total
+    if end > model.ctx_len:
+        blocks = f"; decoding runs whole blocks of {B}, to position {end}" if end > total else ""
         raise ValueError(f"prompt ({len(prompt)} tokens) and {opts.max_new_tokens} new tokens do not fit the "
-                         f"context of {model.ctx_len} ({cache.n} already used)")
+                         f"context of {model.ctx_len} ({cache.n} already used{blocks})")
     if not prompt and cache.n == 0 and shift:
         raise ValueError("the prompt is empty")
     stats = Stats(prompt_tokens=len(prompt))

@@ -49,6 +49,7 @@ def test_stream_stats_and_steps(gguf, tmp_path):
 @pytest.mark.parametrize("bad,msg", [(["--threshold", "0"], "--threshold"), (["--threshold", "1.5"], "--threshold"),
                                      (["--block-length", "0"], "--block-length"), (["-n", "-1"], "--max-new-tokens"),
                                      (["--top-p", "2"], "--top-p"), (["--ctx-len", "4"], "context"),
+                                     (["--ctx-len", "20", "-n", "4"], "whole blocks"),
                                      (["--window", "-1"], "--window"), (["--window", "2", "--max-steps", "3"], "--window")])
 def test_bad_options_one_line(gguf, bad, msg):
     r = run("-m", gguf, "-p", "hello world, this prompt is longer than four tokens", *bad)

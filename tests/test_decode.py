@@ -222,6 +222,19 @@ def test_prompt_longer_than_context(clover):
         list(decode(clover, list(range(5000)), Options(max_new_tokens=4)))
 
 
+def test_context_must_hold_the_last_block(clover):
+    # forwards span whole blocks (B = 4 here), masks included: a request whose last block would pass the
+    # context is refused before any forward, not with "context full" halfway through its tokens
+    m = clover_cpu.load(clover.file.path, ctx_len=18)
+    with pytest.raises(ValueError, match="whole blocks of 4, to position 20"):
+        next(iter(decode(m, [1, 2, 3, 4, 5], Options(max_new_tokens=12))))  # 17 <= 18, its block ends at 20
+    toks, _ = collect(m, [1, 2, 3, 4, 5], Options(max_new_tokens=11, stop_at_eos=False))  # block ends at 16
+    assert len(toks) == 11
+    m = clover_cpu.load(clover.file.path, ctx_len=20)
+    toks, _ = collect(m, [1, 2, 3, 4, 5], Options(max_new_tokens=12, stop_at_eos=False))
+    assert len(toks) == 12 and toks == collect(clover, [1, 2, 3, 4, 5], Options(max_new_tokens=12, stop_at_eos=False))[0]
+
+
 def test_autoregressive_file_decodes_through_the_same_loop(tmp_path):
     """A qwen35moe file: block length 1, shifted logits, one forward per token, equal to greedy()."""
     write_random_checkpoint(tmp_path / "hf", model_type="qwen3_5_moe", seed=9, dtype="f32", std=0.2)
