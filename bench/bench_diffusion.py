@@ -68,7 +68,8 @@ class Recorder:
             T = len(tokens)
             self.calls.append({"T": T, "commit": T if commit is True else int(commit), "n": n0, "seconds": dt,
                                "rows": T if logits else 0,
-                               "experts": statistics.mean(self._experts) if self._experts else 0.0})
+                               "experts": statistics.mean(self._experts) if self._experts else 0.0,
+                               "experts_by_layer": list(self._experts)})
             return out
 
         def logged_head(h):
@@ -94,8 +95,9 @@ class Recorder:
 def weight_bytes(path) -> dict:
     """The weight bytes a forward can read, by kind: `dense` (every tensor each position passes through:
     projections, norms, router, shared expert), `head` (the output head; the embedding table where the
-    head is tied), and `expert`: one routed expert's tensors summed over the MoE layers (all routed
-    tensors / experts). The embedding table is left out (one row per token)."""
+    head is tied), `expert_by_layer` (one routed expert's tensors in each MoE layer, in layer order: the
+    routed tensors of the layer / experts) and `expert`, their sum. The embedding table is left out (one
+    row per token)."""
     from clover_cpu.config import Config
     from clover_cpu.gguf_file import GGUFFile
 
@@ -103,33 +105,48 @@ def weight_bytes(path) -> dict:
         c = Config.from_gguf(f)
         t = f.tensors
         head = t["output.weight"].nbytes if "output.weight" in t else t["token_embd.weight"].nbytes
-        exps = sum(x.nbytes for n, x in t.items() if "_exps." in n)
+        by_layer: dict[int, int] = {}
+        for n, x in t.items():
+            if "_exps." in n:
+                layer = int(n.split(".")[1])  # blk.<i>.ffn_*_exps.weight
+                by_layer[layer] = by_layer.get(layer, 0) + x.nbytes
         dense = sum(x.nbytes for n, x in t.items()
                     if "_exps." not in n and n not in ("output.weight", "token_embd.weight"))
-    return {"dense": dense, "head": head, "expert": exps / max(1, c.n_expert), "n_expert": c.n_expert}
+    per = [by_layer[i] / max(1, c.n_expert) for i in sorted(by_layer)]
+    return {"dense": dense, "head": head, "expert": sum(per), "expert_by_layer": per, "n_expert": c.n_expert}
 
 
-def forward_bytes(w: dict, experts: float, head: bool) -> float:
+def forward_bytes(w: dict, experts, head: bool) -> float:
     """Weight bytes one forward reads from memory at least: the dense tensors once, the output head once
-    if any row of it is computed, and each distinct routed expert once (`experts`: distinct experts per
-    MoE layer, the mean over the layers). Caches and recurrent states are left out: a lower bound."""
-    return w["dense"] + (w["head"] if head else 0) + experts * w["expert"]
+    if any row of it is computed, and each distinct routed expert once. `experts`: the distinct experts
+    of each MoE layer in layer order (exact), or one number for every layer (where the layers' experts
+    differ in size, as in Q4_K_M's mix, that is their mean's bytes, not the layers'). Caches and
+    recurrent states are left out: a lower bound."""
+    if isinstance(experts, (list, tuple)) and len(experts) == len(w["expert_by_layer"]):
+        routed = sum(n * b for n, b in zip(experts, w["expert_by_layer"]))
+    else:
+        routed = float(np.mean(experts)) * w["expert"]
+    return w["dense"] + (w["head"] if head else 0) + routed
 
 
-def bandwidth_floor(res: dict, w: dict, gbps: float, B: int) -> dict:
+def bandwidth_floor(res: dict, calls: list, w: dict, gbps: float, threads: int, B: int) -> dict:
     """What the read bandwidth alone allows (no kernel can beat it: a forward must stream its weights
     from DRAM, which no cache here holds): each cost-curve point's floor; the replayed diffusion at its
     floor, against AR at its floor and against AR as measured; and the tokens a block step must commit
-    to tie or reach 1.5x AR when both run at their floors."""
+    to tie or reach 1.5x AR when both run at their floors. `calls`: the replayed decoding forwards
+    (prefill left out), each with its `floor_bytes`. `bound` says whether the weights are too big for
+    the caches (1 GiB and more): otherwise none of this bounds anything."""
     bps = gbps * 1e9
-    ar_bytes = forward_bytes(w, res["cost_curve"][0]["experts"], True)  # T=1, the head on its one row
-    curve = [{"T": r["T"], "floor_seconds": forward_bytes(w, r["experts"], True) / bps,
-              "measured_over_floor": r["seconds"] * bps / forward_bytes(w, r["experts"], True)}
+    ar_bytes = forward_bytes(w, res["cost_curve"][0]["experts_by_layer"], True)  # T=1, the head on its one row
+    curve = [{"T": r["T"], "floor_seconds": forward_bytes(w, r["experts_by_layer"], True) / bps,
+              "measured_over_floor": r["seconds"] * bps / forward_bytes(w, r["experts_by_layer"], True)}
              for r in res["cost_curve"]]
     d, a = res["diffusion"], res["ar"]
-    diff_floor = sum(c["floor_bytes"] for c in res["_calls"]) / bps
+    diff_floor = sum(c["floor_bytes"] for c in calls) / bps
     step = next((r for r in res["cost_curve"] if r["T"] == B), None)
-    out = {"read_gbps": gbps, "weight_bytes": w, "ar_forward_bytes": ar_bytes, "curve": curve,
+    total = w["dense"] + w["head"] + w["expert"] * w["n_expert"]
+    out = {"read_gbps": gbps, "threads": threads, "bound": total >= 1 << 30, "weight_bytes": w,
+           "ar_forward_bytes": ar_bytes, "curve": curve,
            "diffusion_floor_seconds": diff_floor,
            "diffusion_floor_tokens_per_second": d["generated"] / diff_floor,
            "ar_floor_tokens_per_second": bps / ar_bytes,
@@ -137,7 +154,7 @@ def bandwidth_floor(res: dict, w: dict, gbps: float, B: int) -> dict:
            "ceiling_vs_ar_at_floor": d["generated"] / diff_floor / (bps / ar_bytes),
            "ceiling_vs_ar_measured": d["generated"] / diff_floor / a["tokens_per_second"]}
     if step:
-        k = forward_bytes(w, step["experts"], True) / ar_bytes
+        k = forward_bytes(w, step["experts_by_layer"], True) / ar_bytes
         out["block_step"] = {"T": B, "bytes_over_ar": k, "tokens_to_tie": k, "tokens_for_1_5x": 1.5 * k}
     return out
 
@@ -255,19 +272,21 @@ def replay(args) -> int:
     # cost curve: one forward of T positions over a 64-token context, median of --reps
     curve = []
     for T in (1, 2, 4, 8, 16, 32):
-        ts, ex = [], []
+        ts, ex, by_layer = [], [], []
         for _ in range(args.reps):
             c = m.new_cache()
             m.run(c, toks(64), commit=True, block=B, logits=False)
             m.run(c, toks(T), commit=False, block=B)
             ts.append(rec.calls[-1]["seconds"])
             ex.append(rec.calls[-1]["experts"])
-        curve.append({"T": T, "seconds": statistics.median(ts), "experts": statistics.mean(ex)})
+            by_layer.append(rec.calls[-1]["experts_by_layer"])
+        curve.append({"T": T, "seconds": statistics.median(ts), "experts": statistics.mean(ex),
+                      "experts_by_layer": np.mean(by_layer, axis=0).tolist()})
     bandwidth.append(read_bandwidth_gbps(threads))
     gbps = max(bandwidth)  # the best reading: the floor stays a lower bound
     w = weight_bytes(args.model)
     for call in diff_calls:
-        call["floor_bytes"] = forward_bytes(w, call["experts"], call["rows"] > 0)
+        call["floor_bytes"] = forward_bytes(w, call["experts_by_layer"], call["rows"] > 0)
     by_T: dict[int, list] = {}
     for call in diff_calls:
         if call.get("prefill"):
@@ -283,9 +302,8 @@ def replay(args) -> int:
         "cost_curve": curve,
     }
     res["speedup_vs_ar"] = res["diffusion"]["tokens_per_second"] / res["ar"]["tokens_per_second"]
-    res["_calls"] = [c for c in diff_calls if not c.get("prefill")]
-    res["bandwidth_floor"] = bandwidth_floor(res, w, gbps, B)
-    del res["_calls"]
+    res["bandwidth_floor"] = bandwidth_floor(res, [c for c in diff_calls if not c.get("prefill")], w, gbps,
+                                             threads, B)
     res["mode"] = {"window": doc.get("window", 0), "reuse": doc.get("reuse", False), "agreement": doc.get("agreement")}
     print(f"model {args.model}, {res['threads']} threads, {len(traces)} traces (block {B}, window "
           f"{res['mode']['window'] or 'off'}, reuse {'on' if res['mode']['reuse'] else 'off'})")
@@ -296,14 +314,14 @@ def replay(args) -> int:
     print(f"{'AR, same runtime':<22} {a['generated']:>7} {a['forwards']:>9} {1.0:>8.2f} {a['tokens_per_second']:>8.2f} {1.0:>5.2f}x")
     bf = res["bandwidth_floor"]
     print(f"{'T':>4} {'ms/forward':>11} {'ms/position':>12} {'experts/layer':>14} {'floor ms':>9} {'x floor':>8}"
-          f"   (cost curve, 64-token context; floor: its weight bytes at {gbps:.1f} GB/s)")
+          f"   (cost curve, 64-token context; floor: its weight bytes at {gbps:.1f} GB/s, {threads} threads)")
     for r, f in zip(curve, bf["curve"]):
         print(f"{r['T']:>4} {1e3 * r['seconds']:>11.1f} {1e3 * r['seconds'] / r['T']:>12.2f} {r['experts']:>14.1f} "
               f"{1e3 * f['floor_seconds']:>9.1f} {f['measured_over_floor']:>7.2f}x")
     print("replayed forwards by positions computed: " + ", ".join(
         f"T={T}: {v['count']} x {1e3 * v['seconds']:.0f} ms, {v['experts']:.0f} experts" for T, v in res["forwards_by_positions"].items()))
-    total = w["dense"] + w["head"] + w["expert"] * w["n_expert"]
-    if total < 1 << 30:
+    if not bf["bound"]:
+        total = w["dense"] + w["head"] + w["expert"] * w["n_expert"]
         print(f"(the weights, {total / 2**20:.0f} MiB, may sit in the caches here: the floor below is no bound)")
     print(f"bandwidth floor: these forwards at {gbps:.1f} GB/s decode {bf['diffusion_floor_tokens_per_second']:.2f} "
           f"tokens/s at most, {bf['ceiling_vs_ar_at_floor']:.2f}x AR at its own floor "

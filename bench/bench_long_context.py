@@ -93,18 +93,31 @@ def main() -> int:
         print(json.dumps(one(args.model, args.one, args.new, args.threads, args.kv_type)))
         return 0
     from clover_cpu.config import Config
-    from clover_cpu.gguf_file import GGUFFile
+    from clover_cpu.gguf_file import GGUFError, GGUFFile
 
-    with GGUFFile(args.model) as f:
-        ctx = Config.from_gguf(f).context_length
+    try:
+        with GGUFFile(args.model) as f:
+            c = Config.from_gguf(f)
+    except GGUFError as e:
+        raise SystemExit(f"error: {e}") from None
     if args.new < 1:
         raise SystemExit("error: --new must be >= 1")
+    # decoding runs whole blocks (masks after the last token included): the context must hold the block
+    # the last new token falls in (clover_cpu.decode refuses the request otherwise)
+    ctx, B = c.context_length, max(1, c.block_length)
+    longest = ctx // B * B - args.new
+    if longest < 1:
+        raise SystemExit(f"error: --new {args.new} leaves no room for a prompt in the file's context of {ctx}")
     lengths = []
     for x in args.lengths.split(","):
-        n = ctx - args.new if x.strip() == "max" else int(x) if x.strip().isdigit() else 0
-        if not 0 < n <= ctx - args.new:
-            raise SystemExit(f"error: --lengths: {x.strip()!r} is not a prompt length of 1 to {ctx - args.new} tokens "
-                             f"(the file's context of {ctx} less --new {args.new}), or max")
+        x = x.strip()
+        try:
+            n = longest if x == "max" else int(x)
+        except ValueError:
+            n = 0
+        if not 0 < n <= longest:
+            raise SystemExit(f"error: --lengths: {x!r} is not a prompt length of 1 to {longest} tokens (the file's "
+                             f"context of {ctx} in blocks of {B}, less --new {args.new}), or max")
         lengths.append(n)
     rows, failed = [], 0
     for n in lengths:

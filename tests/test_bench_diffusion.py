@@ -23,24 +23,45 @@ def load_script():
     return mod
 
 
-def test_forward_bytes_match_the_ar_roofline_and_the_file(tmp_path):
-    # one token touching k experts per layer reads what `clover-cpu bench`'s roofline counts per token;
-    # all the kinds together are the file's tensors but the embedding (the gguf package's reader)
+def classify(path):
+    """The byte split by the gguf package's reader and the tensor naming rule alone: routed experts are
+    blk.<i>.ffn_{gate,up,down}_exps (the shared expert, _shexp, and the router, ffn_gate_inp, are dense),
+    the head is output.weight (the embedding table where tied), the embedding table is not read."""
+    import re
+
     import gguf
 
+    r = gguf.GGUFReader(path)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    E = int(r.fields[f"{arch}.expert_count"].parts[-1][0])
+    k = int(r.fields[f"{arch}.expert_used_count"].parts[-1][0])
+    names = {t.name: int(t.n_bytes) for t in r.tensors}
+    routed: dict[int, int] = {}
+    for n, b in names.items():
+        m = re.fullmatch(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight", n)
+        if m:
+            routed[int(m[1])] = routed.get(int(m[1]), 0) + b
+    head = names.get("output.weight", names["token_embd.weight"])
+    dense = sum(b for n, b in names.items() if n not in ("output.weight", "token_embd.weight")) - sum(routed.values())
+    return E, k, dense, head, [routed[i] / E for i in sorted(routed)]
+
+
+def test_forward_bytes_by_the_tensor_names(tmp_path):
     from clover_cpu.commands.bench import build_model, weight_bytes_per_token
 
     bd = load_script()
     path = build_model(tmp_path, "tiny", lambda s: None)
     w = bd.weight_bytes(path)
-    r = gguf.GGUFReader(path)
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    k = int(r.fields[f"{arch}.expert_used_count"].parts[-1][0])
-    assert w["n_expert"] == int(r.fields[f"{arch}.expert_count"].parts[-1][0]) > k
-    assert abs(bd.forward_bytes(w, k, True) - weight_bytes_per_token(path)) <= 1
-    total = sum(t.n_bytes for t in r.tensors if t.name != "token_embd.weight")
-    assert abs(bd.forward_bytes(w, w["n_expert"], True) - total) <= 1e-6 * total
-    assert bd.forward_bytes(w, k, False) == bd.forward_bytes(w, k, True) - w["head"] and w["head"] > 0
+    E, k, dense, head, per_layer = classify(path)
+    assert (w["n_expert"], w["dense"], w["head"]) == (E, dense, head) and E > k and head > 0
+    assert w["expert_by_layer"] == pytest.approx(per_layer) and len(per_layer) > 1
+    # per-layer counts weigh each layer's own experts
+    counts = [1 + i % 3 for i in range(len(per_layer))]
+    want = dense + sum(c * b for c, b in zip(counts, per_layer))
+    assert bd.forward_bytes(w, counts, False) == pytest.approx(want)
+    assert bd.forward_bytes(w, counts, True) == pytest.approx(want + head)
+    # one token touching k experts per layer reads what `clover-cpu bench`'s roofline counts
+    assert bd.forward_bytes(w, [k] * len(per_layer), True) == pytest.approx(weight_bytes_per_token(path), abs=1)
 
 
 def test_record_then_replay_reports_the_bandwidth_floor(tmp_path):
@@ -48,24 +69,31 @@ def test_record_then_replay_reports_the_bandwidth_floor(tmp_path):
 
     traces, out = tmp_path / "traces.json", tmp_path / "replay.json"
     r = subprocess.run([sys.executable, str(SCRIPT), "record", "--prompts", "2", "--new", "8", "--threads", "1",
-                        "--out", str(traces)], capture_output=True, text=True, cwd=tmp_path)
+                        "--out", str(traces)], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr
     doc = json.loads(traces.read_text())
-    assert doc["generated"] == 16 and doc["decode_forwards"] >= 2
+    assert 0 < doc["generated"] <= 16 and doc["decode_forwards"] >= 1
     model = build_model(tmp_path, "tiny", lambda s: None)
     r = subprocess.run([sys.executable, str(SCRIPT), "replay", "-m", str(model), "--traces", str(traces), "--reps", "1",
-                        "--threads", "1", "--json", str(out)], capture_output=True, text=True, cwd=tmp_path)
+                        "--threads", "1", "--json", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "bandwidth floor" in r.stdout and "may sit in the caches" in r.stdout  # a tiny model: no bound
     res = json.loads(out.read_text())
     bf, d, a = res["bandwidth_floor"], res["diffusion"], res["ar"]
-    assert bf["read_gbps"] > 0 and [c["T"] for c in bf["curve"]] == [1, 2, 4, 8, 16, 32]
+    assert d["generated"] == doc["generated"] and d["forwards"] == doc["decode_forwards"]
+    assert bf["read_gbps"] > 0 and bf["threads"] == 1 and bf["bound"] is False
+    assert [c["T"] for c in bf["curve"]] == [1, 2, 4, 8, 16, 32]
     floors = [c["floor_seconds"] for c in bf["curve"]]
-    assert all(f > 0 for f in floors) and floors == sorted(floors)  # more positions touch more experts
-    assert bf["ceiling_vs_ar_measured"] == pytest.approx(bf["diffusion_floor_tokens_per_second"] / a["tokens_per_second"])
+    assert floors[0] == min(floors) > 0  # one position touches the fewest experts
+    # the decoding forwards only (the prompt's prefill left out): each reads the dense tensors and at
+    # most the head and every expert
+    E, k, dense, head, per_layer = classify(model)
+    bps = bf["read_gbps"] * 1e9
+    assert d["forwards"] * (dense + k * sum(per_layer)) / bps <= bf["diffusion_floor_seconds"]
+    assert bf["diffusion_floor_seconds"] <= d["forwards"] * (dense + head + E * sum(per_layer)) / bps
+    assert bf["ceiling_vs_ar_measured"] == pytest.approx(d["generated"] / bf["diffusion_floor_seconds"] / a["tokens_per_second"])
     assert bf["ceiling_vs_ar_at_floor"] == pytest.approx(
         bf["diffusion_floor_tokens_per_second"] / bf["ar_floor_tokens_per_second"])
     step = bf["block_step"]
     assert step["T"] == doc["block_length"] and step["bytes_over_ar"] > 1
     assert step["tokens_for_1_5x"] == pytest.approx(1.5 * step["tokens_to_tie"])
-    assert d["generated"] == 16 and d["forwards"] == doc["decode_forwards"]

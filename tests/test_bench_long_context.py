@@ -1,5 +1,6 @@
-"""bench/bench_long_context.py: a short run prints its table and writes JSON; prompt lengths the file's
-context cannot hold (with the tokens to decode after them) are refused up front in one line."""
+"""bench/bench_long_context.py: a short run prints its table and writes JSON; `max` is the longest prompt
+the file's context holds; prompt lengths the context cannot hold (with the tokens decoded after them, in
+whole blocks) and bad files are refused up front in one line."""
 
 import json
 import subprocess
@@ -18,6 +19,14 @@ def run(tmp_path, *args):
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
 
 
+def shipped_context():
+    import clover_cpu
+    from clover_cpu.commands.run import shipped_model
+
+    m = clover_cpu.load(shipped_model())
+    return m.config.context_length, m.config.block_length
+
+
 def test_short_run_writes_its_rows(tmp_path):
     r = run(tmp_path, "--lengths", "256", "--new", "4", "--threads", "1")
     assert r.returncode == 0, r.stderr
@@ -26,10 +35,37 @@ def test_short_run_writes_its_rows(tmp_path):
     assert rows[0]["kv_bytes_per_token"] > 0 and "Clover-35B-A3B shape" in r.stdout
 
 
-@pytest.mark.parametrize("lengths", ["0", "abc", "131069", "256,131072"])
+def test_max_is_the_longest_prompt_the_context_holds(tmp_path):
+    # a clover file with a short context that is not a multiple of its block length
+    from clover_cpu.convert.hf import convert
+    from clover_cpu.convert.synthetic import write_random_checkpoint
+
+    write_random_checkpoint(tmp_path / "hf", model_type="clover", seed=3, std=0.2,
+                            overrides={"block_length": 8, "max_position_embeddings": 1000})
+    convert(tmp_path / "hf", tmp_path / "m.gguf", out_type="q8_0", log=lambda s: None, progress=False)
+    r = run(tmp_path, "-m", tmp_path / "m.gguf", "--lengths", "max", "--new", "5", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "lc.json").read_text())["rows"]
+    assert [x["prompt_tokens"] for x in rows] == [1000 // 8 * 8 - 5]  # 995 + 5 would end its block at 1000 + 8
+    r = run(tmp_path, "-m", tmp_path / "m.gguf", "--lengths", "996", "--new", "5")
+    assert r.returncode != 0 and "1 to 995 tokens" in r.stderr
+
+
+@pytest.mark.parametrize("lengths", ["0", "-5", "abc", "²", "8192,,max", "long+1", "256,long+4"])
 def test_lengths_the_context_cannot_hold_are_refused(tmp_path, lengths):
-    # the shipped model's context is 131072: with 4 new tokens the longest prompt is 131068
+    ctx, B = shipped_context()
+    longest = ctx // B * B - 4
+    lengths = lengths.replace("long", str(longest)).replace(f"{longest}+1", str(longest + 1)).replace(
+        f"{longest}+4", str(longest + 4))
     r = run(tmp_path, "--lengths", lengths, "--new", "4")
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert r.stderr.strip().startswith("error: --lengths") and len(r.stderr.strip().splitlines()) == 1
-    assert "131068" in r.stderr and not (tmp_path / "lc.json").exists()  # refused before any run
+    assert f"1 to {longest} tokens" in r.stderr and not (tmp_path / "lc.json").exists()  # before any run
+
+
+@pytest.mark.parametrize("args,msg", [(["--new", "0"], "--new"), (["--new", "200000"], "no room"),
+                                      (["-m", "missing.gguf"], "missing.gguf")])
+def test_bad_options_and_files_are_one_line(tmp_path, args, msg):
+    r = run(tmp_path, "--lengths", "256", *args)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr
