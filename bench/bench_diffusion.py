@@ -11,7 +11,9 @@
    positions over a cached context, T = 1, 2, 4, 8, 16, 32.
 
 Reports committed tokens/s of both, tokens per forward, time per forward against positions computed,
-and distinct experts touched per forward (average over MoE layers). Prints a table and writes JSON.
+and distinct experts touched per forward (average over MoE layers); and each forward's bandwidth floor:
+the weight bytes it must read (dense tensors, the head, the experts it touched) at the best measured
+read bandwidth, with what that allows diffusion against AR. Prints a table and writes JSON.
 
     python bench/bench_diffusion.py record --out bench/results/traces.json
     python bench/bench_diffusion.py replay -m bench.gguf --traces bench/results/traces.json --threads 2
@@ -68,7 +70,6 @@ class Recorder:
             T = len(tokens)
             self.calls.append({"T": T, "commit": T if commit is True else int(commit), "n": n0, "seconds": dt,
                                "rows": T if logits else 0,
-                               "experts": statistics.mean(self._experts) if self._experts else 0.0,
                                "experts_by_layer": list(self._experts)})
             return out
 
@@ -92,43 +93,6 @@ class Recorder:
         self.model._stack = self.stack
 
 
-def weight_bytes(path) -> dict:
-    """The weight bytes a forward can read, by kind: `dense` (every tensor each position passes through:
-    projections, norms, router, shared expert), `head` (the output head; the embedding table where the
-    head is tied), `expert_by_layer` (one routed expert's tensors in each MoE layer, in layer order: the
-    routed tensors of the layer / experts) and `expert`, their sum. The embedding table is left out (one
-    row per token)."""
-    from clover_cpu.config import Config
-    from clover_cpu.gguf_file import GGUFFile
-
-    with GGUFFile(path) as f:
-        c = Config.from_gguf(f)
-        t = f.tensors
-        head = t["output.weight"].nbytes if "output.weight" in t else t["token_embd.weight"].nbytes
-        by_layer: dict[int, int] = {}
-        for n, x in t.items():
-            if "_exps." in n:
-                layer = int(n.split(".")[1])  # blk.<i>.ffn_*_exps.weight
-                by_layer[layer] = by_layer.get(layer, 0) + x.nbytes
-        dense = sum(x.nbytes for n, x in t.items()
-                    if "_exps." not in n and n not in ("output.weight", "token_embd.weight"))
-    per = [by_layer[i] / max(1, c.n_expert) for i in sorted(by_layer)]
-    return {"dense": dense, "head": head, "expert": sum(per), "expert_by_layer": per, "n_expert": c.n_expert}
-
-
-def forward_bytes(w: dict, experts, head: bool) -> float:
-    """Weight bytes one forward reads from memory at least: the dense tensors once, the output head once
-    if any row of it is computed, and each distinct routed expert once. `experts`: the distinct experts
-    of each MoE layer in layer order (exact), or one number for every layer (where the layers' experts
-    differ in size, as in Q4_K_M's mix, that is their mean's bytes, not the layers'). Caches and
-    recurrent states are left out: a lower bound."""
-    if isinstance(experts, (list, tuple)) and len(experts) == len(w["expert_by_layer"]):
-        routed = sum(n * b for n, b in zip(experts, w["expert_by_layer"]))
-    else:
-        routed = float(np.mean(experts)) * w["expert"]
-    return w["dense"] + (w["head"] if head else 0) + routed
-
-
 def bandwidth_floor(res: dict, calls: list, w: dict, gbps: float, threads: int, B: int) -> dict:
     """What the read bandwidth alone allows (no kernel can beat it: a forward must stream its weights
     from DRAM, which no cache here holds): each cost-curve point's floor; the replayed diffusion at its
@@ -136,17 +100,20 @@ def bandwidth_floor(res: dict, calls: list, w: dict, gbps: float, threads: int, 
     to tie or reach 1.5x AR when both run at their floors. `calls`: the replayed decoding forwards
     (prefill left out), each with its `floor_bytes`. `bound` says whether the weights are too big for
     the caches (1 GiB and more): otherwise none of this bounds anything."""
+    from clover_cpu.commands.bench import forward_bytes
+
     bps = gbps * 1e9
     ar_bytes = forward_bytes(w, res["cost_curve"][0]["experts_by_layer"], True)  # T=1, the head on its one row
-    curve = [{"T": r["T"], "floor_seconds": forward_bytes(w, r["experts_by_layer"], True) / bps,
-              "measured_over_floor": r["seconds"] * bps / forward_bytes(w, r["experts_by_layer"], True)}
-             for r in res["cost_curve"]]
+    curve = []
+    for r in res["cost_curve"]:
+        floor = forward_bytes(w, r["experts_by_layer"], True) / bps
+        curve.append({"T": r["T"], "floor_seconds": floor, "measured_over_floor": r["seconds"] / floor})
     d, a = res["diffusion"], res["ar"]
     diff_floor = sum(c["floor_bytes"] for c in calls) / bps
     step = next((r for r in res["cost_curve"] if r["T"] == B), None)
-    total = w["dense"] + w["head"] + w["expert"] * w["n_expert"]
-    out = {"read_gbps": gbps, "threads": threads, "bound": total >= 1 << 30, "weight_bytes": w,
-           "ar_forward_bytes": ar_bytes, "curve": curve,
+    total = w["dense"] + w["head"] + sum(w["expert_by_layer"]) * w["n_expert"]
+    out = {"read_gbps": gbps, "threads": threads, "all_weight_bytes": total, "bound": total >= 1 << 30,
+           "weight_bytes": w, "ar_forward_bytes": ar_bytes, "curve": curve,
            "diffusion_floor_seconds": diff_floor,
            "diffusion_floor_tokens_per_second": d["generated"] / diff_floor,
            "ar_floor_tokens_per_second": bps / ar_bytes,
@@ -219,7 +186,7 @@ def record(args) -> int:
 
 def replay(args) -> int:
     import clover_cpu
-    from clover_cpu.commands.bench import read_bandwidth_gbps
+    from clover_cpu.commands.bench import forward_bytes, read_bandwidth_gbps, weight_bytes
 
     doc = json.loads(args.traces.read_text())
     B = doc["block_length"]
@@ -272,16 +239,16 @@ def replay(args) -> int:
     # cost curve: one forward of T positions over a 64-token context, median of --reps
     curve = []
     for T in (1, 2, 4, 8, 16, 32):
-        ts, ex, by_layer = [], [], []
+        ts, by_layer = [], []
         for _ in range(args.reps):
             c = m.new_cache()
             m.run(c, toks(64), commit=True, block=B, logits=False)
             m.run(c, toks(T), commit=False, block=B)
             ts.append(rec.calls[-1]["seconds"])
-            ex.append(rec.calls[-1]["experts"])
             by_layer.append(rec.calls[-1]["experts_by_layer"])
-        curve.append({"T": T, "seconds": statistics.median(ts), "experts": statistics.mean(ex),
-                      "experts_by_layer": np.mean(by_layer, axis=0).tolist()})
+        by_layer = np.mean(by_layer, axis=0)
+        curve.append({"T": T, "seconds": statistics.median(ts), "experts": float(by_layer.mean()),
+                      "experts_by_layer": by_layer.tolist()})
     bandwidth.append(read_bandwidth_gbps(threads))
     gbps = max(bandwidth)  # the best reading: the floor stays a lower bound
     w = weight_bytes(args.model)
@@ -298,7 +265,7 @@ def replay(args) -> int:
                       "tokens_per_forward": diff["generated"] / max(1, diff["forwards"])},
         "ar": {**ar, "tokens_per_second": ar["generated"] / ar["seconds"]},
         "forwards_by_positions": {T: {"count": len(v), "seconds": statistics.median(x["seconds"] for x in v),
-                                      "experts": statistics.mean(x["experts"] for x in v)} for T, v in sorted(by_T.items())},
+                                      "experts": statistics.mean(np.mean(x["experts_by_layer"]) for x in v)} for T, v in sorted(by_T.items())},
         "cost_curve": curve,
     }
     res["speedup_vs_ar"] = res["diffusion"]["tokens_per_second"] / res["ar"]["tokens_per_second"]
@@ -321,8 +288,7 @@ def replay(args) -> int:
     print("replayed forwards by positions computed: " + ", ".join(
         f"T={T}: {v['count']} x {1e3 * v['seconds']:.0f} ms, {v['experts']:.0f} experts" for T, v in res["forwards_by_positions"].items()))
     if not bf["bound"]:
-        total = w["dense"] + w["head"] + w["expert"] * w["n_expert"]
-        print(f"(the weights, {total / 2**20:.0f} MiB, may sit in the caches here: the floor below is no bound)")
+        print(f"(the weights, {bf['all_weight_bytes'] / 2**20:.0f} MiB, may sit in the caches here: the floor below is no bound)")
     print(f"bandwidth floor: these forwards at {gbps:.1f} GB/s decode {bf['diffusion_floor_tokens_per_second']:.2f} "
           f"tokens/s at most, {bf['ceiling_vs_ar_at_floor']:.2f}x AR at its own floor "
           f"({bf['ar_floor_tokens_per_second']:.1f} t/s), {bf['ceiling_vs_ar_measured']:.2f}x AR as measured")

@@ -93,6 +93,7 @@ def main() -> int:
         print(json.dumps(one(args.model, args.one, args.new, args.threads, args.kv_type)))
         return 0
     from clover_cpu.config import Config
+    from clover_cpu.decode import context_needed
     from clover_cpu.gguf_file import GGUFError, GGUFFile
 
     try:
@@ -102,8 +103,8 @@ def main() -> int:
         raise SystemExit(f"error: {e}") from None
     if args.new < 1:
         raise SystemExit("error: --new must be >= 1")
-    # decoding runs whole blocks (masks after the last token included): the context must hold the block
-    # the last new token falls in (clover_cpu.decode refuses the request otherwise)
+    # the decoder's rule (whole blocks, the last new token's included): the longest prompt is the
+    # context's whole blocks less --new
     ctx, B = c.context_length, max(1, c.block_length)
     longest = ctx // B * B - args.new
     if longest < 1:
@@ -115,7 +116,7 @@ def main() -> int:
             n = longest if x == "max" else int(x)
         except ValueError:
             n = 0
-        if not 0 < n <= longest:
+        if n < 1 or context_needed(0, n, args.new, B) > ctx:
             raise SystemExit(f"error: --lengths: {x!r} is not a prompt length of 1 to {longest} tokens (the file's "
                              f"context of {ctx} in blocks of {B}, less --new {args.new}), or max")
         lengths.append(n)

@@ -92,6 +92,15 @@ def commit_top_k(conf: np.ndarray, k: int) -> np.ndarray:
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward
 
 
+def context_needed(used: int, prompt: int, new: int, block: int) -> int:
+    """Context positions decoding `new` tokens after `prompt` ones (the cache holding `used`, a multiple of
+    `block`) occupies: a forward spans whole blocks, masks after the last token included, so the block
+    the last new token falls in must fit."""
+    total = used + prompt + new
+    return -(-total // block) * block if new else total
+
+
+
 @dataclass
 class Options:
     max_new_tokens: int = 256
@@ -198,12 +207,10 @@ def decode(model, prompt_ids, opts: Options, cache=None):
     cache = cache if cache is not None else model.new_cache()
     if cache.n % B:
         raise ValueError("the cache must end on a block boundary")
-    total = cache.n + len(prompt) + opts.max_new_tokens
-    # a forward spans whole blocks (aligned: the cache ends on a boundary), masks after the last token
-    # included, so the context must hold the block the last new token falls in
-    end = -(-total // B) * B if opts.max_new_tokens else total
+    end = context_needed(cache.n, len(prompt), opts.max_new_tokens, B)
     if end > model.ctx_len:
-        blocks = f"; decoding runs whole blocks of {B}, to position {end}" if end > total else ""
+        rounded = end > cache.n + len(prompt) + opts.max_new_tokens
+        blocks = f"; decoding runs whole blocks of {B}, to position {end}" if rounded else ""
         raise ValueError(f"prompt ({len(prompt)} tokens) and {opts.max_new_tokens} new tokens do not fit the "
                          f"context of {model.ctx_len} ({cache.n} already used{blocks})")
     if not prompt and cache.n == 0 and shift:

@@ -14,15 +14,6 @@ SCRIPT = ROOT / "bench" / "bench_diffusion.py"
 pytestmark = pytest.mark.skipif(not SCRIPT.exists(), reason="needs the source tree (bench/)")
 
 
-def load_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_diffusion", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def classify(path):
     """The byte split by the gguf package's reader and the tensor naming rule alone: routed experts are
     blk.<i>.ffn_{gate,up,down}_exps (the shared expert, _shexp, and the router, ffn_gate_inp, are dense),
@@ -47,21 +38,22 @@ def classify(path):
 
 
 def test_forward_bytes_by_the_tensor_names(tmp_path):
-    from clover_cpu.commands.bench import build_model, weight_bytes_per_token
+    # clover_cpu.commands.bench's split (its weight_bytes_per_token is checked against the reader in
+    # test_bench_cli.py) against the naming rule
+    from clover_cpu.commands.bench import build_model, forward_bytes, weight_bytes
 
-    bd = load_script()
     path = build_model(tmp_path, "tiny", lambda s: None)
-    w = bd.weight_bytes(path)
+    w = weight_bytes(path)
     E, k, dense, head, per_layer = classify(path)
-    assert (w["n_expert"], w["dense"], w["head"]) == (E, dense, head) and E > k and head > 0
+    assert (w["n_expert"], w["n_expert_used"], w["dense"], w["head"]) == (E, k, dense, head) and E > k and head > 0
     assert w["expert_by_layer"] == pytest.approx(per_layer) and len(per_layer) > 1
     # per-layer counts weigh each layer's own experts
     counts = [1 + i % 3 for i in range(len(per_layer))]
     want = dense + sum(c * b for c, b in zip(counts, per_layer))
-    assert bd.forward_bytes(w, counts, False) == pytest.approx(want)
-    assert bd.forward_bytes(w, counts, True) == pytest.approx(want + head)
-    # one token touching k experts per layer reads what `clover-cpu bench`'s roofline counts
-    assert bd.forward_bytes(w, [k] * len(per_layer), True) == pytest.approx(weight_bytes_per_token(path), abs=1)
+    assert forward_bytes(w, counts, False) == pytest.approx(want)
+    assert forward_bytes(w, counts, True) == pytest.approx(want + head)
+    with pytest.raises(ValueError, match="MoE layers"):
+        forward_bytes(w, counts[:-1], True)
 
 
 def test_record_then_replay_reports_the_bandwidth_floor(tmp_path):

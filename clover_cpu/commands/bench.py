@@ -191,18 +191,44 @@ def interleaved(engines, model: Path, args, threads: int, tests: list[str], band
     return runs, first
 
 
-def weight_bytes_per_token(path: Path) -> int:
-    """Weight bytes an autoregressive step reads: every tensor but the embedding table (one row per
-    token), the routed experts' tensors scaled by experts used / experts."""
+def weight_bytes(path: Path) -> dict:
+    """The weight bytes a forward can read, by kind: `dense` (every tensor each position passes through:
+    projections, norms, router, shared expert), `head` (the output head; the embedding table where the
+    head is tied) and `expert_by_layer` (one routed expert's tensors in each MoE layer, in layer order:
+    the layer's routed tensors / experts). The embedding table is left out (one row per token)."""
     from clover_cpu.config import Config
     from clover_cpu.gguf_file import GGUFFile
 
     with GGUFFile(path) as f:
         c = Config.from_gguf(f)
-        share = c.n_expert_used / c.n_expert if c.n_expert else 1.0
-        total = sum(t.nbytes * (share if "_exps." in t.name else 1) for t in f.tensors.values()
-                    if t.name != "token_embd.weight")
-    return int(total)
+        t = f.tensors
+        head = t["output.weight"].nbytes if "output.weight" in t else t["token_embd.weight"].nbytes
+        routed: dict[int, int] = {}
+        for name, x in t.items():
+            if "_exps." in name:  # blk.<i>.ffn_{gate,up,down}_exps.weight
+                layer = int(name.split(".")[1])
+                routed[layer] = routed.get(layer, 0) + x.nbytes
+        dense = sum(x.nbytes for name, x in t.items()
+                    if "_exps." not in name and name not in ("output.weight", "token_embd.weight"))
+    return {"dense": dense, "head": head, "expert_by_layer": [routed[i] / c.n_expert for i in sorted(routed)],
+            "n_expert": c.n_expert, "n_expert_used": c.n_expert_used}
+
+
+def forward_bytes(w: dict, experts_by_layer, head: bool) -> float:
+    """Weight bytes one forward reads from memory at least: the dense tensors once, the output head once
+    if any row of it is computed, and each distinct routed expert once (`experts_by_layer`: how many
+    each MoE layer touched, in layer order). Caches and recurrent states are left out: a lower bound."""
+    if len(experts_by_layer) != len(w["expert_by_layer"]):
+        raise ValueError(f"{len(experts_by_layer)} expert counts for {len(w['expert_by_layer'])} MoE layers")
+    routed = sum(n * b for n, b in zip(experts_by_layer, w["expert_by_layer"]))
+    return w["dense"] + (w["head"] if head else 0) + routed
+
+
+def weight_bytes_per_token(path: Path) -> int:
+    """Weight bytes an autoregressive step reads: the dense tensors, the head, and the experts used in
+    every MoE layer (forward_bytes of one token)."""
+    w = weight_bytes(path)
+    return int(forward_bytes(w, [w["n_expert_used"]] * len(w["expert_by_layer"]), True))
 
 
 def read_bandwidth_gbps(threads: int, size_mb: int = 512, reps: int = 3) -> float:
