@@ -9,6 +9,30 @@ from .gguf_file import GGUFError, GGUFFile, StringArray
 ARCHS = ("clover", "qwen35moe")
 
 
+def why_not_runnable(g: GGUFFile) -> str | None:
+    """Why clover-cpu cannot run this file (one line naming what it holds and what clover-cpu runs), or
+    None when its architecture and every tensor type are ones it runs."""
+    from .kernels import FORMATS
+
+    arch = g.kv.get("general.architecture")
+    name = g.path.name
+    if not g.tensors:
+        return (f"{name} holds no tensors (a vocabulary-only file): it cannot generate; clover_cpu.load_tokenizer() "
+                "reads its tokenizer")
+    if arch not in ARCHS:
+        what = f"a {arch!r} model" if isinstance(arch, str) else "a model without general.architecture"
+        return f"{name} is {what}; clover-cpu runs the architectures {', '.join(ARCHS)}"
+    bad: dict[str, list[str]] = {}
+    for ti in g.tensors.values():
+        if not ti.supported:
+            bad.setdefault(ti.ggml_type, []).append(ti.name)
+    if bad:
+        kinds = ", ".join(f"{t} ({len(v)} tensors, e.g. {v[0]})" for t, v in sorted(bad.items()))
+        return (f"{name} has tensors of types clover-cpu cannot run yet: {kinds}; it runs "
+                f"{', '.join(sorted(t.upper() for t in FORMATS if '_r' not in t))}")
+    return None
+
+
 @dataclass(frozen=True)
 class Config:
     arch: str  # "clover" (block diffusion) or "qwen35moe" (autoregressive)

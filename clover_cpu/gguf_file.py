@@ -29,7 +29,20 @@ _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4)
 _NP = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
        10: np.uint64, 11: np.int64, 12: np.float64}
 STRING, ARRAY = 8, 9
-TYPE_NAMES = {t["ggml_type"]: name for name, t in FORMATS.items()}
+# every ggml tensor type (ggml.h; gguf-py's GGML_QUANT_SIZES): id -> (name, block size, bytes per block).
+# Any of them can be read and described; the kernels run the ones in kernels.FORMATS.
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+}
+TYPE_NAMES = {t: name.lower() for t, (name, _, _) in GGML_TYPES.items()}
+BLOCKS = {name.lower(): (bs, nb) for name, bs, nb in GGML_TYPES.values()}
 MAX_DIMS = 4
 MAX_KEY = 1 << 16
 # where a block format keeps its float16 scales: (byte offset in the block, how many). The other bytes of
@@ -43,9 +56,19 @@ _EXP_MASK = {"f32": (np.uint32, 0x7F800000), "f16": (np.uint16, 0x7C00), "bf16":
 class TensorInfo:
     name: str
     ne: tuple[int, ...]  # ggml order: ne[0] is the row length
-    type_name: str  # f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k
+    type_name: str  # ggml's type name in lower case: f32, q8_0, q4_k, iq2_xs, ...
     offset: int  # absolute offset in the file
     nbytes: int
+
+    @property
+    def supported(self) -> bool:
+        """Whether clover-cpu's kernels run this tensor's type."""
+        return self.type_name in FORMATS
+
+    @property
+    def ggml_type(self) -> str:
+        """The type as llama.cpp names it (Q4_K, IQ2_XS, F16)."""
+        return self.type_name.upper()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -225,19 +248,20 @@ class GGUFFile:
             if name in self.tensors:
                 raise GGUFError(f"duplicate tensor {name}")
             if t not in TYPE_NAMES:
-                raise GGUFError(f"tensor {name} has ggml type {t}, which clover-cpu does not support "
-                                f"(supported: {', '.join(sorted(FORMATS))})")
-            fmt = FORMATS[TYPE_NAMES[t]]
+                raise GGUFError(f"tensor {name} has ggml type {t}, which is not a type of ggml (not even in "
+                                "gguf-py's table): the file is corrupt or newer than clover-cpu")
+            block_size, block_bytes = BLOCKS[TYPE_NAMES[t]]
             if any(d <= 0 or d >= 1 << 40 for d in ne):
                 raise GGUFError(f"tensor {name} has an invalid shape {list(ne)}")
-            if ne[0] % fmt["block_size"]:
-                raise GGUFError(f"tensor {name}: row of {ne[0]} is not a multiple of the {TYPE_NAMES[t]} block size")
+            if ne[0] % block_size:
+                raise GGUFError(f"tensor {name}: row of {ne[0]} is not a multiple of the {TYPE_NAMES[t].upper()} "
+                                "block size")
             n = 1
             for d in ne:
                 n *= d
             if n >= 1 << 48:
                 raise GGUFError(f"tensor {name} is impossibly large ({list(ne)})")
-            nbytes = n // fmt["block_size"] * fmt["block_bytes"]
+            nbytes = n // block_size * block_bytes
             if offset % self.alignment:
                 raise GGUFError(f"tensor {name} is misaligned (offset {offset}, alignment {self.alignment})")
             if offset + nbytes > data_size:
@@ -259,8 +283,8 @@ class GGUFFile:
     def data(self, name: str) -> np.ndarray:
         """The tensor's bytes as uint8 rows [n_rows, row_bytes] (a view of the mapped file)."""
         ti = self.tensors[name]
-        fmt = FORMATS[ti.type_name]
-        rb = ti.ne[0] // fmt["block_size"] * fmt["block_bytes"]
+        block_size, block_bytes = BLOCKS[ti.type_name]
+        rb = ti.ne[0] // block_size * block_bytes
         arr = np.frombuffer(self._mm, dtype=np.uint8, count=ti.nbytes, offset=ti.offset)
         return arr.reshape(-1, rb)
 
@@ -288,7 +312,7 @@ class GGUFFile:
             step = chunk // words.itemsize
             return any(bool(((words[i : i + step] & mask) == mask).any()) for i in range(0, words.size, step))
         off, n = _F16_SCALES[ti.type_name]
-        blocks = raw.reshape(-1, FORMATS[ti.type_name]["block_bytes"])
+        blocks = raw.reshape(-1, BLOCKS[ti.type_name][1])
         step = max(1, chunk // blocks.shape[1])
         for i in range(0, blocks.shape[0], step):
             scales = np.ascontiguousarray(blocks[i : i + step, off : off + 2 * n]).view(np.uint16)
@@ -296,13 +320,19 @@ class GGUFFile:
                 return True
         return False
 
+    def can_verify(self, name: str) -> bool:
+        """Whether nonfinite() knows where this tensor's type keeps its floats (float types and the block
+        formats clover-cpu runs)."""
+        t = self.tensors[name].type_name
+        return t in _EXP_MASK or t in _F16_SCALES
+
     def verify(self, progress=None) -> list[str]:
-        """Names of the tensors holding NaN or Inf (every tensor is read once: slow on a big file).
-        progress(done_bytes, total_bytes) is called after each tensor."""
+        """Names of the tensors holding NaN or Inf (every tensor of a type can_verify() knows is read once:
+        slow on a big file). progress(done_bytes, total_bytes) is called after each tensor."""
         bad, done = [], 0
         total = sum(ti.nbytes for ti in self.tensors.values())
         for name, ti in self.tensors.items():
-            if self.nonfinite(name):
+            if self.can_verify(name) and self.nonfinite(name):
                 bad.append(name)
             done += ti.nbytes
             if progress:

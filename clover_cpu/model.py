@@ -23,7 +23,7 @@ except ImportError:
 import numpy as np
 
 from . import kernels, ops
-from .config import Config
+from .config import Config, why_not_runnable
 from .gguf_file import GGUFError, GGUFFile
 from .tokenizer import Tokenizer
 
@@ -225,6 +225,9 @@ class Model:
         self.fused = True
         self.file = GGUFFile(path)
         try:
+            reason = why_not_runnable(self.file)
+            if reason:
+                raise GGUFError(reason)
             # auto: only when the page cache cannot hold the whole file (a model larger than the free
             # memory). Then the routed experts' residency is checked from the start, and no longer after
             # PREFETCH_QUIET forwards without a page read from the disk; a major page fault or an expert

@@ -64,38 +64,78 @@ SHAPE_KEYS = ("context_length", "embedding_length", "block_count", "attention.he
 
 
 def describe(path) -> dict:
+    """What any GGUF file holds (any architecture and tensor type gguf-py knows, vocabulary-only files
+    too), and whether clover-cpu can run it."""
+    from clover_cpu.config import why_not_runnable
     from clover_cpu.gguf_file import GGUFFile
 
     with GGUFFile(path) as g:
-        arch = g.arch
+        kv = g.kv
+        arch = kv.get("general.architecture")
         types: dict[str, dict] = {}
         params = nbytes = 0
         for ti in g.tensors.values():
-            t = types.setdefault(ti.type_name, {"tensors": 0, "params": 0, "bytes": 0})
+            t = types.setdefault(ti.ggml_type, {"tensors": 0, "params": 0, "bytes": 0, "runs": ti.supported})
             t["tensors"] += 1
             t["params"] += ti.n_elements
             t["bytes"] += ti.nbytes
             params += ti.n_elements
             nbytes += ti.nbytes
-        kv = g.kv
-        shape = {k: _plain(kv[f"{arch}.{k}"]) for k in SHAPE_KEYS if f"{arch}.{k}" in kv}
+        shape = {}
+        if isinstance(arch, str):
+            prefix = f"{arch}."
+            shape = {k[len(prefix):]: _plain(v) for k, v in kv.items()
+                     if k.startswith(prefix) and (not hasattr(v, "__len__") or isinstance(v, str))}
         tokens = kv.get("tokenizer.ggml.tokens")
+        template = kv.get("tokenizer.chat_template")
         tok = {
             "model": kv.get("tokenizer.ggml.model"),
             "pre": kv.get("tokenizer.ggml.pre"),
             "vocab": len(tokens) if tokens is not None and not isinstance(tokens, str) else None,
+            "merges": len(kv["tokenizer.ggml.merges"]) if "tokenizer.ggml.merges" in kv else None,
             "bos": _plain(kv.get("tokenizer.ggml.bos_token_id")),
             "eos": _plain(kv.get("tokenizer.ggml.eos_token_id")),
             "mask": _plain(kv.get("tokenizer.ggml.mask_token_id")),
             "chat_template": "tokenizer.chat_template" in kv,
+            "supported": _tokenizer_support(kv),
         }
         diffusion = {k: _plain(v) for k, v in kv.items() if "diffusion" in k}
         return {
             "path": str(path), "architecture": arch, "name": kv.get("general.name"), "gguf_version": g.version,
             "file_size": g.file_size, "tensors": len(g.tensors), "params": params,
             "bits_per_weight": 8 * nbytes / max(1, params), "types": types, "shape": shape,
-            "tokenizer": tok, "diffusion": diffusion,
+            "tokenizer": tok, "chat_template": _template_summary(template, kv) if template is not None else None,
+            "diffusion": diffusion, "runnable": why_not_runnable(g) is None, "why_not": why_not_runnable(g),
         }
+
+
+def _tokenizer_support(kv) -> str | None:
+    """None when clover-cpu tokenizes this vocabulary, else why not (without building it: that takes a
+    second for a large vocabulary)."""
+    from clover_cpu.tokenizer import PRE_TYPES, SPM_MODEL_KEY
+
+    model = kv.get("tokenizer.ggml.model")
+    if model is None:
+        return "no tokenizer"
+    if model == "gpt2":
+        pre = kv.get("tokenizer.ggml.pre") or "default"
+        return None if pre in PRE_TYPES else f"pre-tokenizer {pre!r} is not supported"
+    if model == "llama":
+        return None if SPM_MODEL_KEY in kv else "SentencePiece without the embedded model (files from clover-cpu convert have it)"
+    return f"tokenizer model {model!r} is not supported"
+
+
+def _template_summary(template, kv) -> dict:
+    """The chat template's size, and whether it renders a one-turn conversation in the sandbox."""
+    from clover_cpu.chat import ChatTemplate, ChatTemplateError
+
+    if not isinstance(template, str):
+        return {"chars": None, "renders": False, "error": "tokenizer.chat_template is not a string"}
+    try:
+        ChatTemplate(template, time_limit=2.0).render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+        return {"chars": len(template), "renders": True, "error": None}
+    except ChatTemplateError as e:
+        return {"chars": len(template), "renders": False, "error": str(e)}
 
 
 def _plain(v):
@@ -133,19 +173,34 @@ def model(args) -> int:
         return 1 if d.get("nonfinite_tensors") else 0
     print(f"file:          {d['path']} ({d['file_size'] / 1e9:.2f} GB, GGUF v{d['gguf_version']})")
     print(f"architecture:  {d['architecture']}" + (f" ({d['name']})" if d["name"] else ""))
-    print(f"parameters:    {d['params'] / 1e9:.3f}B in {d['tensors']} tensors, {d['bits_per_weight']:.2f} bits per weight")
-    for t, s in sorted(d["types"].items(), key=lambda kv: -kv[1]["bytes"]):
-        print(f"  {t:<6} {s['tensors']:>5} tensors {s['params'] / 1e6:>10.1f}M params {s['bytes'] / 1e6:>10.1f} MB")
-    print("shape:         " + ", ".join(f"{k}={v}" for k, v in d["shape"].items()))
+    if d["tensors"]:
+        print(f"parameters:    {d['params'] / 1e9:.3f}B in {d['tensors']} tensors, {d['bits_per_weight']:.2f} bits per weight")
+        for t, s in sorted(d["types"].items(), key=lambda kv: -kv[1]["bytes"]):
+            runs = "" if s["runs"] else "  (clover-cpu cannot run this type)"
+            print(f"  {t:<8} {s['tensors']:>5} tensors {s['params'] / 1e6:>10.1f}M params {s['bytes'] / 1e6:>10.1f} MB{runs}")
+    else:
+        print("parameters:    none: a vocabulary-only file")
+    if d["shape"]:
+        print("shape:         " + ", ".join(f"{k}={v}" for k, v in d["shape"].items()))
     tok = d["tokenizer"]
-    print(f"tokenizer:     {tok['model']}" + (f"/{tok['pre']}" if tok["pre"] else "") +
-          f", {tok['vocab']} tokens, bos={tok['bos']} eos={tok['eos']}" +
-          (f" mask={tok['mask']}" if tok["mask"] is not None else "") +
-          (", chat template" if tok["chat_template"] else ", no chat template"))
+    if tok["model"] is None:
+        print("tokenizer:     none")
+    else:
+        print(f"tokenizer:     {tok['model']}" + (f"/{tok['pre']}" if tok["pre"] else "") +
+              f", {tok['vocab']} tokens" + (f", {tok['merges']} merges" if tok["merges"] is not None else "") +
+              f", bos={tok['bos']} eos={tok['eos']}" + (f" mask={tok['mask']}" if tok["mask"] is not None else "") +
+              ("" if tok["supported"] is None else f" (clover-cpu cannot tokenize it: {tok['supported']})"))
+    ct = d["chat_template"]
+    if ct is None:
+        print("chat template: none")
+    else:
+        print(f"chat template: {ct['chars']} characters, " +
+              ("renders in the sandbox" if ct["renders"] else f"does not render: {ct['error']}"))
     if d["diffusion"]:
         print("diffusion:     " + ", ".join(f"{k}={v}" for k, v in d["diffusion"].items()))
-    else:
+    elif d["runnable"]:
         print("diffusion:     none (autoregressive model)")
+    print("clover-cpu:    " + ("runs this file" if d["runnable"] else f"cannot run it: {d['why_not']}"))
     if "nonfinite_tensors" in d:
         bad = d["nonfinite_tensors"]
         if bad:
