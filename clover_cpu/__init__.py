@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from . import _core
 
@@ -28,6 +29,23 @@ def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_typ
     return _load(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch, repack=repack)
 
 
+def load_tokenizer(path):
+    """The tokenizer of any GGUF file, from its vocabulary alone (vocabulary-only files too):
+    `tok.encode(text)` -> ids, `tok.decode(ids)` -> text (see clover_cpu.tokenizer.Tokenizer)."""
+    from .tokenizer import load_tokenizer as _load_tokenizer
+
+    return _load_tokenizer(path)
+
+
+def shipped_model() -> Path:
+    """The path of the small Clover model that ships inside the package (what `clover-cpu run` uses
+    without -m): `clover_cpu.load(clover_cpu.shipped_model())`."""
+    files = sorted((Path(__file__).resolve().parent / "models").glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError("this installation of clover-cpu ships no model (clover_cpu/models/ is empty)")
+    return files[0]
+
+
 def _init_threads() -> None:
     value = os.environ.get("CLOVER_THREADS")
     if value:
@@ -41,4 +59,4 @@ def _init_threads() -> None:
 _init_threads()
 system_info()  # choose the ISA now: a bad CLOVER_ISA fails at import, not mid-run
 
-__all__ = ["load", "system_info", "set_num_threads", "__version__"]
+__all__ = ["load", "load_tokenizer", "shipped_model", "system_info", "set_num_threads", "__version__"]

@@ -557,10 +557,58 @@ class Model:
                 out.extend(ev.tokens)
             elif ev.kind == "done":
                 stats = ev.stats
-        return {"text": self.detokenize(out), "token_ids": out, **stats.as_dict()}
+        text = self.detokenize(out)
+        result = {"text": text, "token_ids": out, **stats.as_dict()}
+        if self.has_thinking_tokens():
+            tail = prompt if isinstance(prompt, str) else self.tokenizer.decode(list(prompt)[-64:], skip_special=False)
+            reasoning, answer = split_reasoning(text, opens_thinking(tail))
+            if reasoning is not None:
+                result.update(text=answer, reasoning_content=reasoning)
+        return result
 
-    def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+    def has_thinking_tokens(self) -> bool:
+        """Whether the vocabulary spells <think> and </think> as tokens (a reasoning model's)."""
+        return all(self.tokenizer.token_to_id(t) is not None for t in ("<think>", "</think>"))
+
+    # -- chat --
+
+    @property
+    def chat_template(self):
+        """The file's chat template (clover_cpu.chat.ChatTemplate), or None when it has none."""
+        if not hasattr(self, "_chat_template"):
+            from .chat import ChatTemplate
+
+            source = self.file.kv.get("tokenizer.chat_template")
+            self._chat_template = None
+            if source is not None:
+                if not isinstance(source, str):
+                    raise GGUFError("tokenizer.chat_template is not a string")
+                self._chat_template = ChatTemplate(source, tokenizer=self.tokenizer,
+                                                   special_tokens=self.tokenizer.special_token_strings())
+        return self._chat_template
+
+    def apply_chat_template(self, messages, *, tools=None, add_generation_prompt: bool = True,
+                            tokenize: bool = False, sanitize_control_tokens: bool = True, **template_kwargs):
+        """The conversation `messages` rendered by the file's chat template, as transformers'
+        tokenizer.apply_chat_template renders it (in a sandbox: a template cannot reach Python). `tools`:
+        OpenAI-style JSON schemas; other keywords (documents, enable_thinking, ...) reach the template.
+        tokenize=False gives the text; tokenize=True the ids, where (sanitize_control_tokens) a control
+        token typed inside a message (`<|im_end|>`) stays text instead of closing the turn."""
+        from .chat import ChatTemplateError
+
+        tpl = self.chat_template
+        if tpl is None:
+            raise ChatTemplateError(f"{self.file.path.name} has no chat template (tokenizer.chat_template)")
+        mark = tokenize and sanitize_control_tokens
+        text = tpl.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, mark=mark,
+                          **template_kwargs)
+        if not tokenize:
+            return text
+        return tpl.encode(text) if mark else self.tokenize(text)
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        """Token ids of `text`; special=True (default): control-token strings in it become those tokens."""
+        return self.tokenizer.encode(text, special=special)
 
     def detokenize(self, ids) -> str:
         return self.tokenizer.decode(ids)

@@ -138,14 +138,15 @@ def make_config(preset: str, model_type: str, overrides: dict | None = None) -> 
     text = dict(PRESETS[preset], **(overrides or {}))
     if model_type == "clover":
         return dict(text, model_type="clover", architectures=["CloverForDiffusionLM"], mask_token_id=4,
-                    bos_token_id=1, eos_token_id=2, pad_token_id=3, block_length=text.get("block_length", 32),
+                    bos_token_id=text.get("bos_token_id", 1), eos_token_id=text.get("eos_token_id", 2), pad_token_id=3, block_length=text.get("block_length", 32),
                     shift_logits=text.get("shift_logits", False), threshold=text.get("threshold", 0.95))
     if model_type == "qwen3_5_moe":
         return {"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
-                "text_config": dict(text, model_type="qwen3_5_moe_text", bos_token_id=1, eos_token_id=2)}
+                "text_config": dict(text, model_type="qwen3_5_moe_text", bos_token_id=text.get("bos_token_id", 1),
+                                    eos_token_id=text.get("eos_token_id", 2))}
     if model_type == "qwen3_5_moe_text":
-        return dict(text, model_type="qwen3_5_moe_text", architectures=["Qwen3_5MoeForCausalLM"], bos_token_id=1,
-                    eos_token_id=2)
+        return dict(text, model_type="qwen3_5_moe_text", architectures=["Qwen3_5MoeForCausalLM"],
+                    bos_token_id=text.get("bos_token_id", 1), eos_token_id=text.get("eos_token_id", 2))
     raise ValueError(f"unknown model type {model_type!r}")
 
 
@@ -259,8 +260,8 @@ def write_random_checkpoint(out_dir: str | Path, *, preset: str = "tiny", model_
         (out / "tokenizer.model").write_bytes(train_spm(n_tok))
     elif tokenizer == "bpe":
         (out / "tokenizer.json").write_text(json.dumps(bpe_tokenizer_json(n_tok)))
-    else:
-        raise ValueError("tokenizer must be spm or bpe")
+    elif tokenizer != "none":  # none: the caller writes a tokenizer of its own
+        raise ValueError("tokenizer must be spm, bpe or none")
     (out / "tokenizer_config.json").write_text(json.dumps({
         "add_bos_token": False,
         "chat_template": "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"

@@ -110,6 +110,37 @@ def _read_spm(path: Path) -> Vocab:
     )
 
 
+# the pre-tokenizer regexes of tokenizer.json files -> llama.cpp's tokenizer.ggml.pre names (the names its
+# converter gives these tokenizers; clover_cpu.tokenizer.PRE_TYPES maps them back to the regexes it runs)
+KNOWN_PRE = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
+        "qwen2",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+": "qwen35",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
+        "llama-bpe",
+}
+
+
+def _pre_name(pre) -> str:
+    """tokenizer.ggml.pre for a tokenizer.json pre_tokenizer: a Split on a known regex followed by a
+    ByteLevel without its own regex, or a plain ByteLevel (GPT-2's regex)."""
+    steps = pre.get("pretokenizers", []) if isinstance(pre, dict) and pre.get("type") == "Sequence" else [pre]
+    steps = [p for p in steps if isinstance(p, dict)]
+    kinds = [p.get("type") for p in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
+        pattern = steps[0].get("pattern") or {}
+        regex = pattern.get("Regex") if isinstance(pattern, dict) else None
+        if regex in KNOWN_PRE and str(steps[0].get("behavior", "")).lower() == "isolated":
+            return KNOWN_PRE[regex]
+        raise ConvertError(f"tokenizer.json splits with a regex clover-cpu does not know ({str(regex)[:80]!r}); "
+                           f"known: the {', '.join(sorted(set(KNOWN_PRE.values())))} and GPT-2 pre-tokenizers")
+    raise ConvertError(f"tokenizer.json has a pre-tokenizer clover-cpu does not know ({' + '.join(map(str, kinds))}); "
+                       "known: ByteLevel, or Split on the qwen2 / qwen35 / llama3 regex then ByteLevel")
+
+
 def _read_bpe(path: Path) -> Vocab:
     try:
         tj = json.loads(path.read_text())
@@ -119,7 +150,8 @@ def _read_bpe(path: Path) -> Vocab:
         vocab: dict[str, int] = model["vocab"]
         merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
         added = tj.get("added_tokens") or []
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        pre = _pre_name(tj.get("pre_tokenizer"))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError) as e:
         raise ConvertError(f"cannot read tokenizer {path.name}: {e}") from None
     n = max([*vocab.values(), *(a["id"] for a in added)], default=-1) + 1
     tokens: list[str | None] = [None] * n
@@ -133,7 +165,7 @@ def _read_bpe(path: Path) -> Vocab:
         if t is None:
             tokens[i] = f"[PAD{i}]"
             types[i] = UNUSED
-    return Vocab(model="gpt2", tokens=tokens, types=types, merges=merges or None, pre="qwen35")
+    return Vocab(model="gpt2", tokens=tokens, types=types, merges=merges or None, pre=pre)
 
 
 def read_tokenizer(src: Path, vocab_size: int) -> Vocab:

