@@ -549,7 +549,11 @@ class Model:
 
     def generate_text(self, prompt, **options) -> dict:
         """The whole generation at once: text, token_ids and the statistics (prompt_tokens,
-        generated_tokens, forwards, tokens_per_forward, seconds, tokens_per_second, prefill_*)."""
+        generated_tokens, forwards, tokens_per_forward, seconds, tokens_per_second, prefill_*). When the
+        prompt ends inside a <think> block (a chat template that starts the model's reasoning) or the
+        output opens one, "text" is the answer alone and "reasoning_content" the reasoning."""
+        from .chat import opens_thinking, split_reasoning
+
         out: list[int] = []
         stats = None
         for ev in self.generate(prompt, **options):

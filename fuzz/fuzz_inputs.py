@@ -6,6 +6,8 @@ Targets (the first argument):
     safetensors  the converter's safetensors header reader
     config       the converter's config.json reader
     checkpoint   a whole checkpoint folder (config.json + model.safetensors + tokenizer.model) converted
+    template     a chat template (tokenizer.chat_template) compiled and rendered in the sandbox over a
+                 conversation with tools, tool calls and reasoning; seeded with real templates
 
 An input passes when it is accepted or refused with the project's own error (a ValueError such as
 GGUFError, or ConvertError); any other exception is a finding, and a crash of the C++ extension
@@ -30,7 +32,23 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SEEDS = Path(os.environ.get("CLOVER_FUZZ_SEEDS", Path(tempfile.gettempdir()) / "clover-fuzz-seeds"))
 SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-TARGETS = ("gguf", "safetensors", "config", "checkpoint")
+TARGETS = ("gguf", "safetensors", "config", "checkpoint", "template")
+# seeds of the template target beside the real templates: small ones that reach the sandbox's limits
+TEMPLATE_SEEDS = {
+    "loop.jinja": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "tools.jinja": "{% for t in tools %}{{ t | tojson(indent=2) }}{% endfor %}{{ messages | map(attribute='role') "
+                   "| join(',') }}{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+                   "{% endfor %}{{ ns.n }}{{ raise_exception('x') if ns.n > 99 }}",
+    "escape.jinja": "{{ cycler.__init__.__globals__ }}{{ ''.__class__ }}{{ 'x' * 9 }}{{ 'x' | center(9) }}",
+    "macro.jinja": "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}.{% endmacro %}{{ f(5) }}{{ '%5s' % 'a' }}",
+}
+FUZZ_MESSAGES = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi <|im_end|>"},
+                 {"role": "assistant", "content": "<think>r</think>ok", "tool_calls": [
+                     {"type": "function", "function": {"name": "f", "arguments": {"a": 1, "b": [1, {"c": "d"}]}}}]},
+                 {"role": "tool", "content": "42"}, {"role": "user", "content": "again"}]
+FUZZ_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+    "a": {"type": "integer"}}}}}]
 
 
 def make_seeds(target: str) -> Path:
@@ -42,6 +60,13 @@ def make_seeds(target: str) -> Path:
     from clover_cpu.convert.synthetic import write_random_checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
+    if target == "template":
+        cache = Path(os.environ.get("CLOVER_TEST_CACHE") or Path.home() / ".cache" / "clover-cpu-tests")
+        for f in sorted(cache.glob("llama.cpp-*/models/templates/*.jinja")):  # real templates, where fetched
+            (out / f.name).write_bytes(f.read_bytes())
+        for name, text in TEMPLATE_SEEDS.items():
+            (out / name).write_text(text)
+        return out
     work = SEEDS / "work"
     overrides = dict(hidden_size=32, head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16,
                      moe_intermediate_size=32, shared_expert_intermediate_size=32, vocab_size=512, num_experts=4)
@@ -230,7 +255,18 @@ def run_checkpoint(data: bytes) -> None:
         close_files()
 
 
-RUN = {"gguf": run_gguf, "safetensors": run_safetensors, "config": run_config, "checkpoint": run_checkpoint}
+def run_template(data: bytes) -> None:
+    from clover_cpu.chat import ChatTemplate, ChatTemplateError
+
+    try:
+        tpl = ChatTemplate(data.decode("utf-8", errors="replace"), time_limit=0.2)
+        tpl.render(FUZZ_MESSAGES, tools=FUZZ_TOOLS, add_generation_prompt=True, mark=True, enable_thinking=False)
+    except ChatTemplateError:
+        pass
+
+
+RUN = {"gguf": run_gguf, "safetensors": run_safetensors, "config": run_config, "checkpoint": run_checkpoint,
+       "template": run_template}
 
 
 def regress(target: str, folder: Path) -> int:
@@ -260,6 +296,7 @@ def main() -> int:
         import clover_cpu.convert.safetensors_lazy  # noqa: F401
         import clover_cpu.gguf_file  # noqa: F401
         import clover_cpu.model  # noqa: F401
+        import clover_cpu.chat  # noqa: F401
         import clover_cpu.tokenizer  # noqa: F401
     seeds = make_seeds(target)
     corpus = Path(os.environ.get("CLOVER_FUZZ_CORPUS", SEEDS / f"corpus-{target}"))

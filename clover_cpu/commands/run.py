@@ -12,9 +12,12 @@ MASK_GLYPH = "\u2591"  # light shade: an undecided position in --show-steps
 
 
 def shipped_model() -> Path | None:
-    d = Path(__file__).resolve().parent.parent / "models"
-    files = sorted(d.glob("*.gguf")) if d.exists() else []
-    return files[0] if files else None
+    import clover_cpu
+
+    try:
+        return clover_cpu.shipped_model()
+    except FileNotFoundError:
+        return None
 
 
 def add_parser(sub) -> None:
@@ -74,6 +77,13 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout, nothing else")
     p.add_argument("--stats", action="store_true", help="print speed statistics at the end (to stderr)")
     p.add_argument("--show-steps", action="store_true", help="redraw the block as masks turn into tokens")
+    p.add_argument("--think", choices=["auto", "on", "off"], default="auto",
+                   help="chat: ask a reasoning model to think first (on) or not (off: enable_thinking=False "
+                   "reaches the template); auto (default) leaves it to the template")
+    p.add_argument("--reasoning", choices=["show", "hide", "raw"], default="show",
+                   help="the model's reasoning (<think>...</think>): show it apart from the answer (dimmed on a "
+                   "terminal; default), hide it, or raw: print the text as generated. --json gives it as "
+                   "reasoning_content")
 
 
 def options(args) -> dict:
@@ -104,12 +114,18 @@ def options(args) -> dict:
 
 
 class Streamer:
-    """Prints the decoded text of a growing id list, holding back incomplete UTF-8."""
+    """Prints the decoded text of a growing id list, holding back incomplete UTF-8. With a reasoning
+    splitter, the reasoning is printed dimmed (on a terminal) or left out, apart from the answer."""
 
-    def __init__(self, model, out=sys.stdout):
+    DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+    def __init__(self, model, out=sys.stdout, splitter=None, reasoning: str = "show"):
         self.model, self.out = model, out
         self.ids: list[int] = []
         self.printed = ""
+        self.splitter, self.reasoning = splitter, reasoning
+        self.tty = hasattr(out, "isatty") and out.isatty()
+        self.dimmed = False
 
     def add(self, ids) -> None:
         self.ids.extend(ids)
@@ -117,9 +133,36 @@ class Streamer:
         while text.endswith("\ufffd"):
             text = text[:-1]
         if text.startswith(self.printed):
-            self.out.write(text[len(self.printed):])
+            self._write(text[len(self.printed):])
             self.printed = text
         self.out.flush()
+
+    def finish(self) -> None:
+        if self.splitter is not None:
+            self._show(self.splitter.finish())
+        if self.dimmed:
+            self.out.write(self.RESET)
+            self.dimmed = False
+        self.out.flush()
+
+    def _write(self, delta: str) -> None:
+        if self.splitter is None:
+            self.out.write(delta)
+        else:
+            self._show(self.splitter.feed(delta))
+
+    def _show(self, parts) -> None:
+        for kind, text in parts:
+            if kind == "reasoning":
+                if self.reasoning == "hide":
+                    continue
+                if self.tty and not self.dimmed:
+                    self.out.write(self.DIM)
+                    self.dimmed = True
+            elif self.dimmed:
+                self.out.write(self.RESET + "\n")
+                self.dimmed = False
+            self.out.write(text)
 
 
 def render_block(model, block, mask_id) -> str:
@@ -127,9 +170,19 @@ def render_block(model, block, mask_id) -> str:
     return "".join(parts)
 
 
-def generate(model, prompt, opts, args, out=sys.stdout, cache=None):
+def splitter_for(model, prompt_text: str, args):
+    """A ReasoningSplitter when the model has <think> tokens and --reasoning is not raw, else None."""
+    from clover_cpu.chat import ReasoningSplitter, opens_thinking
+
+    if args.reasoning == "raw" or not model.has_thinking_tokens():
+        return None
+    return ReasoningSplitter(opens_thinking(prompt_text))
+
+
+def generate(model, prompt, opts, args, out=sys.stdout, cache=None, prompt_text=None):
     """Run one generation, streaming to `out` unless --json; returns (token ids, stats, interrupted)."""
-    streamer = None if args.json else Streamer(model, out)
+    text = prompt_text if prompt_text is not None else (prompt if isinstance(prompt, str) else "")
+    streamer = None if args.json else Streamer(model, out, splitter_for(model, text, args), args.reasoning)
     ids, stats, interrupted = [], None, False
     tty = sys.stderr.isatty()
     try:
@@ -146,9 +199,22 @@ def generate(model, prompt, opts, args, out=sys.stdout, cache=None):
                 stats = ev.stats
     except KeyboardInterrupt:
         interrupted = True
+    if streamer:
+        streamer.finish()
     if args.show_steps and tty:
         sys.stderr.write("\r\x1b[K")
     return ids, stats, interrupted
+
+
+def reply_fields(model, ids, prompt_text: str, args) -> dict:
+    """text (the answer) and, for a reasoning model, reasoning_content, as --json reports them."""
+    from clover_cpu.chat import opens_thinking, split_reasoning
+
+    text = model.detokenize(ids)
+    if args.reasoning == "raw" or not model.has_thinking_tokens():
+        return {"text": text}
+    reasoning, answer = split_reasoning(text, opens_thinking(prompt_text))
+    return {"text": answer} if reasoning is None else {"text": answer, "reasoning_content": reasoning}
 
 
 def print_stats(stats, model, file=sys.stderr) -> None:
@@ -169,7 +235,9 @@ def main(args: argparse.Namespace) -> int:
     if path is None:
         raise ValueError("no model: pass -m MODEL.gguf (this installation ships none)")
     if args.file:
-        prompt = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        # bytes that are not UTF-8 become U+FFFD, as they do in -p (the tokenizer replaces them)
+        raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+        prompt = raw.decode("utf-8", errors="replace")
     else:
         prompt = args.prompt
     t = time.perf_counter()
@@ -181,7 +249,7 @@ def main(args: argparse.Namespace) -> int:
     ids, stats, interrupted = generate(model, prompt, opts, args)
     if args.json:
         info = clover_cpu.system_info()
-        d = {"text": model.detokenize(ids), "token_ids": ids}
+        d = {**reply_fields(model, ids, prompt, args), "token_ids": ids}
         if stats is not None:
             d.update({k: v for k, v in stats.as_dict().items() if not k.startswith("prefill")})
         d.update(model=str(path), isa=info["isa"], threads=info["threads"], load_seconds=load_s,
@@ -198,56 +266,62 @@ def main(args: argparse.Namespace) -> int:
 
 
 def chat(model, opts, args) -> int:
-    """Multi-turn chat: the file's Jinja chat template renders the conversation; the caches are kept
-    between turns as long as the new rendering extends what is already committed."""
-    template = model.file.kv.get("tokenizer.chat_template")
-    if not isinstance(template, str):
+    """Multi-turn chat: the file's chat template (sandboxed, clover_cpu.chat) renders the conversation, and
+    control tokens typed in a message stay text. The caches are kept between turns as long as the new
+    rendering extends what is already committed. --json: one JSON object per turn on stdout."""
+    tpl = model.chat_template
+    if tpl is None:
         raise ValueError(f"{model.file.path.name} has no chat template (tokenizer.chat_template); use -p instead")
-    import jinja2
-
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=False, lstrip_blocks=False)
-    try:
-        tpl = env.from_string(template)
-    except jinja2.TemplateError as e:
-        raise ValueError(f"the chat template cannot be parsed: {e}") from None
+    kwargs = {} if args.think == "auto" else {"enable_thinking": args.think == "on"}
     messages: list[dict] = []
     cache = model.new_cache()
     history: list[int] = []  # the conversation's token ids so far: prompts and replies as generated
-    history_text = ""  # the template's rendering that `history` stands for (up to the last reply)
+    history_text = ""  # the (marked) rendering that `history` stands for, up to the last reply's end
 
-    def render(msgs, gen):
-        try:
-            return tpl.render(messages=msgs, add_generation_prompt=gen, bos_token="", eos_token="")
-        except jinja2.TemplateError as e:
-            raise ValueError(f"the chat template failed: {e}") from None
-
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="surrogateescape")  # bytes that are not UTF-8 reach the tokenizer, which replaces them
     print("chat: type a message and press Enter; an empty line or Ctrl-D ends.", file=sys.stderr)
     while True:
         try:
-            line = input("> ")
+            line = input("> ") if sys.stdin.isatty() else sys.stdin.readline()
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return 0
+        line = line.rstrip("\n")
         if not line.strip():
             return 0
         messages.append({"role": "user", "content": line})
-        text = render(messages, True)
+        text = tpl.render(messages, add_generation_prompt=True, mark=True, **kwargs)
         if history and text.startswith(history_text):
             # only the new turn is tokenized: the caches already hold the conversation's committed blocks
-            ids = history + model.tokenize(text[len(history_text):])
+            ids = history + tpl.encode(text[len(history_text):])
         else:
-            ids, cache = model.tokenize(text), model.new_cache()
+            ids = tpl.encode(text)
         if ids[: cache.n] != cache.tokens:
             cache = model.new_cache()
         reused = cache.n
-        out, stats, interrupted = generate(model, ids[cache.n :], opts, args, cache=cache)
-        print()
-        reply = model.detokenize(out)
-        messages.append({"role": "assistant", "content": reply})
+        plain = tpl.unmark(text)
+        out, stats, interrupted = generate(model, ids[cache.n :], opts, args, cache=cache, prompt_text=plain)
+        fields = reply_fields(model, out, plain, args)
+        if args.json:
+            d = {"role": "assistant", **fields, "token_ids": out}
+            if stats is not None:
+                d.update({k: v for k, v in stats.as_dict().items() if not k.startswith("prefill")})
+            d.update(reused_tokens=reused, interrupted=interrupted)
+            print(json.dumps(d), flush=True)
+        else:
+            print()
+        if interrupted:
+            return 130
+        reply = {"role": "assistant", "content": fields["text"]}
+        if "reasoning_content" in fields:
+            reply["reasoning_content"] = fields["reasoning_content"]
+        messages.append(reply)
         # what follows the reply in the template's rendering (its end-of-turn marker) joins the history
-        done = render(messages, False)
-        if done.startswith(text + reply):
-            history = ids + out + model.tokenize(done[len(text + reply):])
+        raw = model.detokenize(out)
+        done = tpl.render(messages, add_generation_prompt=False, mark=True, **kwargs)
+        if done.startswith(text + raw):
+            history = ids + out + tpl.encode(done[len(text + raw):])
             history_text = done
         else:
             history, history_text = [], ""
