@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .gguf_file import GGUFError, GGUFFile, StringArray
 
 ARCHS = ("clover", "qwen35moe")
@@ -23,8 +25,13 @@ def why_not_runnable(g: GGUFFile) -> str | None:
         what = f"a {arch!r} model" if isinstance(arch, str) else "a model without general.architecture"
         return f"{name} is {what}; clover-cpu runs the architectures {', '.join(ARCHS)}"
     bad: dict[str, list[str]] = {}
+    # the MTP blocks after the main ones are not run: their types do not matter
+    n_block, n_nextn = g.kv.get(f"{arch}.block_count"), g.kv.get(f"{arch}.nextn_predict_layers")
+    unused = ()
+    if isinstance(n_block, (int, np.integer)) and isinstance(n_nextn, (int, np.integer)) and 0 < n_nextn < n_block:
+        unused = tuple(f"blk.{b}." for b in range(int(n_block - n_nextn), int(n_block)))
     for ti in g.tensors.values():
-        if not ti.supported:
+        if not ti.supported and not ti.name.startswith(unused or ("\0",)):
             bad.setdefault(ti.ggml_type, []).append(ti.name)
     if bad:
         kinds = ", ".join(f"{t} ({len(v)} tensors, e.g. {v[0]})" for t, v in sorted(bad.items()))
@@ -62,6 +69,7 @@ class Config:
     block_length: int  # clover: diffusion block; qwen35moe: 1
     shift_logits: bool  # position i predicts token i+1 (True) or token i (False)
     threshold: float  # clover's default confidence threshold
+    n_nextn: int = 0  # multi-token-prediction (NextN) blocks after the n_layer main ones; decoding does not run them
 
     @property
     def key_dim(self) -> int:
@@ -109,9 +117,15 @@ class Config:
             except (TypeError, ValueError):
                 raise GGUFError(f"metadata key {full} has a bad value {v!r}") from None
 
-        n_layer = get("block_count")
-        if not 1 <= n_layer <= 4096:
-            raise GGUFError(f"{arch}.block_count must be in [1, 4096], got {n_layer}")
+        n_block = get("block_count")
+        if not 1 <= n_block <= 4096:
+            raise GGUFError(f"{arch}.block_count must be in [1, 4096], got {n_block}")
+        # llama.cpp's converter keeps a Qwen3.5 MTP head as the last block(s): the main forward stops before
+        # them, as llama.cpp's does (block_count - nextn_predict_layers)
+        n_nextn = get("nextn_predict_layers", 0)
+        if not 0 <= n_nextn < n_block:
+            raise GGUFError(f"{arch}.nextn_predict_layers = {n_nextn} must be below {arch}.block_count = {n_block}")
+        n_layer = n_block - n_nextn
         n_head = get("attention.head_count")
         recurrent = kv.get(f"{arch}.attention.recurrent_layers")
         if recurrent is not None:
@@ -163,6 +177,7 @@ class Config:
             block_length=int(kv.get("clover.diffusion.block_length", 32)) if arch == "clover" else 1,
             shift_logits=bool(kv.get("diffusion.shift_logits", arch != "clover")),
             threshold=float(kv.get("clover.diffusion.threshold", 0.95)),
+            n_nextn=n_nextn,
         )
         c.validate()
         return c

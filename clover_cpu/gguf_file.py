@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,8 +58,9 @@ class TensorInfo:
     name: str
     ne: tuple[int, ...]  # ggml order: ne[0] is the row length
     type_name: str  # ggml's type name in lower case: f32, q8_0, q4_k, iq2_xs, ...
-    offset: int  # absolute offset in the file
+    offset: int  # absolute offset in the file (in the part that holds it)
     nbytes: int
+    part: int = 0  # which file of a split model holds it (0: the first, or the only one)
 
     @property
     def supported(self) -> bool:
@@ -186,11 +188,18 @@ class _Cursor:
         raise GGUFError(f"{key}: unknown value type {t}")
 
 
-class GGUFFile:
-    """An open, validated GGUF file. `kv` holds the metadata; `tensors` the tensor infos."""
+SPLIT_NAME = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf")
 
-    def __init__(self, path: str | os.PathLike):
+
+class GGUFFile:
+    """An open, validated GGUF file. `kv` holds the metadata; `tensors` the tensor infos. A model split by
+    llama-gguf-split (or `clover-cpu convert --split-max-size`) opens from its first part,
+    NAME-00001-of-0000K.gguf: every part is mapped and checked (split.no, split.count,
+    split.tensors.count), its tensors joined into `tensors`."""
+
+    def __init__(self, path: str | os.PathLike, *, _part_no: int | None = None):
         self.path = Path(path)
+        self._parts: list[GGUFFile] = []
         try:
             self._file = open(self.path, "rb")
         except OSError as e:
@@ -202,11 +211,74 @@ class GGUFFile:
             self._file.close()
             raise GGUFError(f"{self.path.name} is not a GGUF file ({self.file_size} bytes)")
         self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        self._maps = [self._mm]
         try:
             self._parse()
+            self._join_split(_part_no)
         except GGUFError:
             self.close()
             raise
+
+    def _split_key(self, key: str) -> int | None:
+        v = self.kv.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < 1 << 16:
+            raise GGUFError(f"{self.path.name}: {key} = {v!r} is not a part number")
+        return int(v)
+
+    def _join_split(self, part_no: int | None) -> None:
+        """Open and check the other parts of a split model (this file being its first), or, for a part
+        opened by its first, check that it is the part expected."""
+        count, no = self._split_key("split.count"), self._split_key("split.no")
+        total = self._split_key("split.tensors.count")
+        name = self.path.name
+        if part_no is not None:  # a later part, opened by the first
+            return
+        if count is None or count <= 1:
+            if no:
+                raise GGUFError(f"{name} has split.no = {no} but no split.count")
+            return
+        m = SPLIT_NAME.fullmatch(name)
+        if no is None or no >= count:
+            raise GGUFError(f"{name}: split.no = {no} does not fit split.count = {count}")
+        if no != 0:
+            first = f"{m.group(1)}-00001-of-{count:05d}.gguf" if m else "its first part"
+            raise GGUFError(f"{name} is part {no + 1} of {count} of a split model: open {first}")
+        if not m:
+            raise GGUFError(f"{name} is the first of {count} parts of a split model, but its name is not "
+                            f"NAME-00001-of-{count:05d}.gguf, so the other parts cannot be found")
+        if int(m.group(3)) != count:
+            raise GGUFError(f"{name} is named as one of {int(m.group(3))} parts but says split.count = {count}")
+        n_tensors = len(self.tensors)
+        for k in range(1, count):
+            path = self.path.with_name(f"{m.group(1)}-{k + 1:05d}-of-{count:05d}.gguf")
+            if not path.exists():
+                raise GGUFError(f"the model is split into {count} parts and part {k + 1}, {path.name}, is missing")
+            part = GGUFFile(path, _part_no=k)
+            self._parts.append(part)
+            p_count, p_no = part._split_key("split.count"), part._split_key("split.no")
+            p_total = part._split_key("split.tensors.count")
+            if (p_count, p_no, p_total) != (count, k, total):
+                raise GGUFError(f"{path.name} does not belong with {name} (split.count {p_count}, split.no {p_no}, "
+                                f"split.tensors.count {p_total}; expected {count}, {k}, {total}): parts of two "
+                                "different models?")
+            self._maps.append(part._mm)
+            for tname, ti in part.tensors.items():
+                if tname in self.tensors:
+                    raise GGUFError(f"tensor {tname} is in two parts of the split model ({name}, {path.name})")
+                ti.part = k
+                self.tensors[tname] = ti
+            n_tensors += len(part.tensors)
+        if total is not None and n_tensors != total:
+            raise GGUFError(f"the {count} parts of {m.group(1)} hold {n_tensors} tensors, split.tensors.count says "
+                            f"{total}")
+        self.file_size = sum([self.file_size] + [p.file_size for p in self._parts])
+
+    @property
+    def paths(self) -> list[Path]:
+        """The file, and the other parts of a split model."""
+        return [self.path] + [p.path for p in self._parts]
 
     def _parse(self) -> None:
         c = _Cursor(self._mm, self.file_size)
@@ -285,7 +357,7 @@ class GGUFFile:
         ti = self.tensors[name]
         block_size, block_bytes = BLOCKS[ti.type_name]
         rb = ti.ne[0] // block_size * block_bytes
-        arr = np.frombuffer(self._mm, dtype=np.uint8, count=ti.nbytes, offset=ti.offset)
+        arr = np.frombuffer(self._maps[ti.part], dtype=np.uint8, count=ti.nbytes, offset=ti.offset)
         return arr.reshape(-1, rb)
 
     def check_unchanged(self) -> None:
@@ -300,12 +372,14 @@ class GGUFFile:
         if (st.st_size, st.st_mtime_ns) != self._identity:
             raise GGUFError(f"{self.path} was modified on disk after it was loaded ({self._identity[0]} -> "
                             f"{st.st_size} bytes); load it again")
+        for part in self._parts:
+            part.check_unchanged()
 
     def nonfinite(self, name: str, chunk: int = 1 << 24) -> bool:
         """True when tensor `name` holds a NaN or Inf (for block formats: a NaN or Inf scale). Reads the
         tensor's bytes (or only its scales) in chunks, without decoding the weights."""
         ti = self.tensors[name]
-        raw = np.frombuffer(self._mm, dtype=np.uint8, count=ti.nbytes, offset=ti.offset)
+        raw = np.frombuffer(self._maps[ti.part], dtype=np.uint8, count=ti.nbytes, offset=ti.offset)
         if ti.type_name in _EXP_MASK:
             dt, mask = _EXP_MASK[ti.type_name]
             words = raw.view(dt)
@@ -340,6 +414,8 @@ class GGUFFile:
         return bad
 
     def close(self) -> None:
+        for part in getattr(self, "_parts", []):
+            part.close()
         try:
             self._mm.close()
         except (BufferError, AttributeError):

@@ -236,7 +236,7 @@ class Model:
             # experts that later tokens use, which paid off on a cold Clover-35B-shape file that fits
             # (bench/NOTES.md change 32).
             room = memory_for_files()
-            self._auto = prefetch == "auto" and room is not None and self.file.path.stat().st_size > room
+            self._auto = prefetch == "auto" and room is not None and self.file.file_size > room
             self._prefetching, self._quiet, self._reads = prefetch == "on" or self._auto, 0, _disk_reads()
             # q4_k layer weights repacked into memory of their own (16 rows per group: the kernels keep a
             # row per vector lane), the file's pages released as each is done. auto: where the kernels
@@ -252,7 +252,7 @@ class Model:
                                  f"kernels in use are {system_info()['isa']}: use repack='auto' or 'off' "
                                  "(run --repack auto|off)")
             want_repack = native and (repack == "on" or (
-                repack == "auto" and room is not None and self.file.path.stat().st_size <= REPACK_SHARE * room))
+                repack == "auto" and room is not None and self.file.file_size <= REPACK_SHARE * room))
             self.config = Config.from_gguf(self.file)
             D = self.config.head_dim
             if kv_type == "q8_0" and D % 32:

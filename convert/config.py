@@ -35,6 +35,7 @@ class ModelConfig:
     context_length: int
     layer_types: list[str]  # "linear_attention" | "full_attention" per layer
     tie_word_embeddings: bool = False
+    n_mtp: int = 0  # mtp_num_hidden_layers: multi-token-prediction layers (mtp.* tensors) after the main ones
     mrope_section: list[int] = field(default_factory=lambda: [11, 11, 10, 0])
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -66,7 +67,8 @@ class ModelConfig:
         return 2 * self.key_dim + self.value_dim
 
     def is_recurrent(self, i: int) -> bool:
-        return self.layer_types[i] == "linear_attention"
+        """Whether layer i is Gated DeltaNet; the MTP layers after the main ones are attention layers."""
+        return i < self.n_layer and self.layer_types[i] == "linear_attention"
 
 
 def _get(cfg: dict, key: str, where: str, default=None, required: bool = True):
@@ -144,6 +146,7 @@ def load_config(src: Path) -> ModelConfig:
             context_length=int(cfg.get("max_position_embeddings", 131072)),
             layer_types=list(layer_types),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            n_mtp=int(cfg.get("mtp_num_hidden_layers") or 0),
             mrope_section=[int(v) for v in mrope],
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos,
@@ -170,6 +173,8 @@ def _validate(c: ModelConfig) -> None:
     for key, v in positive.items():
         if v <= 0:
             raise ConvertError(f"config.json: {key} must be positive, got {v}")
+    if not 0 <= c.n_mtp <= 16:
+        raise ConvertError(f"config.json: mtp_num_hidden_layers must be in [0, 16], got {c.n_mtp}")
     if c.n_head % c.n_head_kv:
         raise ConvertError("config.json: num_attention_heads must be a multiple of num_key_value_heads")
     if c.n_v_heads % c.n_k_heads:

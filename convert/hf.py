@@ -116,19 +116,44 @@ class Planner:
         n_rows = t.numel // out_shape[-1]
         return TensorPlan(gguf, out_shape, [Segment(t, np.arange(n_rows))], kind, layer, **kw)
 
-    def plan(self) -> list[TensorPlan]:
+    def mtp_prefix(self) -> str | None:
+        """Where the checkpoint keeps its multi-token-prediction head (mtp.* or model.mtp.*), if it has one."""
+        for p in ("mtp.", "model.mtp."):
+            if f"{p}fc.weight" in self.tensors:
+                return p
+        return None
+
+    def plan(self, mtp: bool = True) -> list[TensorPlan]:
+        """Every output tensor. mtp: the MTP head (config mtp_num_hidden_layers, mtp.* tensors) as llama.cpp's
+        converter writes it: layer k becomes block n_layer + k with the usual tensor names, plus
+        blk.N.nextn.eh_proj (mtp.fc), nextn.enorm / nextn.hnorm (the norms before fc of the embedding and of the
+        hidden state) and nextn.shared_head_norm (mtp.norm)."""
         c, p = self.c, self.prefix
         H, V = c.n_embd, c.vocab_size
         plans = [self.whole("token_embd.weight", f"{p}embed_tokens.weight", (V, H), "embd")]
         for i in range(c.n_layer):
             plans += self.layer(i)
+        mp = self.mtp_prefix() if mtp else None
+        for k in range(c.n_mtp if mp else 0):
+            i, b = c.n_layer + k, f"blk.{c.n_layer + k}."
+            plans += self.layer(i, f"{mp}layers.{k}.")
+            if k == 0:
+                plans += [
+                    self.whole(b + "nextn.eh_proj.weight", mp + "fc.weight", (H, 2 * H), "nextn_eh_proj", i),
+                    self.whole(b + "nextn.enorm.weight", mp + "pre_fc_norm_embedding.weight", (H,), "norm", i,
+                               fn=plus_one),
+                    self.whole(b + "nextn.hnorm.weight", mp + "pre_fc_norm_hidden.weight", (H,), "norm", i,
+                               fn=plus_one),
+                    self.whole(b + "nextn.shared_head_norm.weight", mp + "norm.weight", (H,), "norm", i, fn=plus_one),
+                ]
         plans.append(self.whole("output_norm.weight", f"{p}norm.weight", (H,), "norm", fn=plus_one))
         if "lm_head.weight" in self.tensors or not c.tie_word_embeddings:
             plans.append(self.whole("output.weight", "lm_head.weight", (V, H), "output"))
         return plans
 
-    def layer(self, i: int) -> list[TensorPlan]:
-        c, L = self.c, f"{self.prefix}layers.{i}."
+    def layer(self, i: int, src: str | None = None) -> list[TensorPlan]:
+        """Block i's tensors, read from the checkpoint's layer i (or from `src`, for an MTP layer)."""
+        c, L = self.c, src or f"{self.prefix}layers.{i}."
         H, E, I, Is = c.n_embd, c.n_expert, c.n_ff_exp, c.n_ff_shexp
         b = f"blk.{i}."
         out = [
@@ -205,7 +230,7 @@ class Planner:
         for name in self.tensors:
             if name in self.used:
                 continue
-            if name.startswith("mtp.") or ".visual." in name or name.startswith("visual.") or name.startswith("model.visual"):
+            if name.startswith(("mtp.", "model.mtp.")) or ".visual." in name or name.startswith("visual.") or name.startswith("model.visual"):
                 skipped.append(name)
             else:
                 unknown.append(name)
@@ -253,7 +278,9 @@ RECIPE_TEXT = {
 # ---- metadata ----
 
 
-def write_metadata(w, c: ModelConfig, vocab: Vocab, out_type: str, name: str) -> None:
+def write_metadata(w, c: ModelConfig, vocab: Vocab, out_type: str, name: str, n_mtp: int = 0) -> None:
+    """The file's metadata; n_mtp MTP layers written after the main ones (block_count counts them and
+    {arch}.nextn_predict_layers says how many, as llama.cpp's converter writes them)."""
     import gguf
 
     arch = c.arch
@@ -263,7 +290,7 @@ def write_metadata(w, c: ModelConfig, vocab: Vocab, out_type: str, name: str) ->
     u32 = {
         "context_length": c.context_length,
         "embedding_length": c.n_embd,
-        "block_count": c.n_layer,
+        "block_count": c.n_layer + n_mtp,
         "attention.head_count": c.n_head,
         "attention.head_count_kv": c.n_head_kv,
         "attention.key_length": c.head_dim,
@@ -285,7 +312,9 @@ def write_metadata(w, c: ModelConfig, vocab: Vocab, out_type: str, name: str) ->
     w.add_float32(f"{arch}.rope.freq_base", c.rope_theta)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
     w.add_array(f"{arch}.rope.dimension_sections", [int(s) for s in c.mrope_section])
-    w.add_array(f"{arch}.attention.recurrent_layers", [bool(c.is_recurrent(i)) for i in range(c.n_layer)])
+    w.add_array(f"{arch}.attention.recurrent_layers", [bool(c.is_recurrent(i)) for i in range(c.n_layer + n_mtp)])
+    if n_mtp:
+        w.add_uint32(f"{arch}.nextn_predict_layers", n_mtp)
     if c.k_head_dim != c.v_head_dim:
         w.add_uint32(f"{arch}.ssm.value_head_dim", c.v_head_dim)
     if arch == "clover":
@@ -440,8 +469,10 @@ class ReadAhead:
 
 
 def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threads: int = 0, force: bool = False,
-            log=print, progress: bool = True) -> dict:
-    """Convert the checkpoint folder src into the GGUF file out. Returns a summary dict."""
+            log=print, progress: bool = True, mtp: bool = True, split_max_size: int = 0) -> dict:
+    """Convert the checkpoint folder src into the GGUF file out. Returns a summary dict. mtp: keep a
+    multi-token-prediction head (as llama.cpp's converter does; False: leave it out). split_max_size: write
+    parts of at most this many bytes of tensor data, llama.cpp's split format (OUT-00001-of-0000K.gguf)."""
     from clover_cpu import kernels, set_num_threads
 
     src, out = Path(src), Path(out)
@@ -458,14 +489,25 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
     c = load_config(src)
     tensors = open_checkpoint(src)
     planner = Planner(c, tensors)
-    plans = planner.plan()
+    has_mtp = c.n_mtp > 0 and planner.mtp_prefix() is not None
+    n_mtp = c.n_mtp if has_mtp and mtp else 0
+    plans = planner.plan(mtp=bool(n_mtp))
     skipped, unknown = planner.leftovers()
     vocab = read_tokenizer(src, c.vocab_size)
+    if n_mtp:
+        log(f"mtp: the {n_mtp}-layer multi-token-prediction head is kept as blk.{c.n_layer} (llama.cpp's layout: "
+            "block_count includes it, nextn_predict_layers says so; decoding does not run it); --no-mtp leaves it out")
+    elif has_mtp:
+        log("mtp: the multi-token-prediction head is left out (--no-mtp)")
+    elif c.n_mtp:
+        log("note: config.json lists an MTP head but the checkpoint has no mtp.* tensors; none is written")
     if skipped:
-        log(f"note: skipping {len(skipped)} tensors that the runtime does not use (mtp.*, vision)")
+        log(f"note: skipping {len(skipped)} tensors that the runtime does not use (vision"
+            f"{', mtp.*' if any(n.startswith(('mtp.', 'model.mtp.')) for n in skipped) else ''})")
     if unknown:
         log(f"note: ignoring {len(unknown)} unexpected tensors, e.g. {unknown[0]}")
     types = {p.name: tensor_type(p, out_type, c.n_layer) for p in plans}
+    parts = split_plan(plans, types, split_max_size)
     log(f"model: {c.model_type} -> {c.arch}, {c.n_layer} layers, hidden {c.n_embd}, {c.n_expert} experts "
         f"(top {c.n_expert_used}), vocab {c.vocab_size}")
     log("recipe: " + RECIPE_TEXT.get(out_type, f"{out_type} for 2-D weights; norms, routers, ssm_a, ssm_dt, conv F32"))
@@ -476,7 +518,15 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
 
     import gguf
 
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    outs = split_names(out, len(parts))
+    if len(parts) > 1:
+        for o in outs:
+            if o.exists() and not force:
+                raise ConvertError(f"{o} exists; pass --force to overwrite it")
+        log(f"split: {len(parts)} parts of at most {split_max_size / 1e9:.2f} GB of tensor data: {outs[0].name} ... "
+            f"{outs[-1].name}")
+    tmps = [o.with_name(f".{o.name}.partial-{os.getpid()}") for o in outs]
+    tmp = tmps[0]
     total_src = sum(p.src_bytes for p in plans)
     bar = Progress(len(plans), total_src) if progress else None
     n_params = n_bits = 0
@@ -486,48 +536,61 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
         # SIGTERM becomes KeyboardInterrupt so the partial file is removed on any polite stop
         if threading_is_main():
             old_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
-        w = gguf.GGUFWriter(tmp, c.arch)
-        write_metadata(w, c, vocab, out_type, src.resolve().name)
-        for p in plans:
-            t = types[p.name]
-            rb = kernels.row_bytes(t, p.row_len)
-            byte_shape = (*p.shape[:-1], rb) if len(p.shape) > 1 else (rb,)
-            w.add_tensor_info(p.name, byte_shape, np.dtype(np.uint8), p.n_rows * rb, gguf.GGMLQuantizationType(GGML_TYPE[t]))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        f = w.fout[0]
         reader = ReadAhead(plans)
-        for i, p in enumerate(plans):
-            t = types[p.name]
-            w.write_padding(f, f.tell())
-            written = 0
-            for x, dtype in reader.chunks(i):
-                q = kernels.quantize(x, t, bf16=dtype == "BF16")
-                q.tofile(f)
-                written += q.nbytes
+        done = 0
+        for k, (part, path) in enumerate(zip(parts, tmps)):
+            w = gguf.GGUFWriter(path, c.arch)
+            if k == 0:
+                write_metadata(w, c, vocab, out_type, src.resolve().name, n_mtp)
+            if len(parts) > 1:  # llama.cpp's gguf-split keys, in every part
+                w.add_uint16("split.no", k)
+                w.add_uint16("split.count", len(parts))
+                w.add_int32("split.tensors.count", len(plans))
+            for p in part:
+                t = types[p.name]
+                rb = kernels.row_bytes(t, p.row_len)
+                byte_shape = (*p.shape[:-1], rb) if len(p.shape) > 1 else (rb,)
+                w.add_tensor_info(p.name, byte_shape, np.dtype(np.uint8), p.n_rows * rb,
+                                  gguf.GGMLQuantizationType(GGML_TYPE[t]))
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_ti_data_to_file()
+            f = w.fout[0]
+            for p in part:
+                i = done
+                done += 1
+                t = types[p.name]
+                w.write_padding(f, f.tell())
+                written = 0
+                for x, dtype in reader.chunks(i):
+                    q = kernels.quantize(x, t, bf16=dtype == "BF16")
+                    q.tofile(f)
+                    written += q.nbytes
+                    if bar:
+                        bar.update(nbytes=x.size * p.src_bytes // max(1, p.n_rows * p.row_len), name=p.name)
+                expect = p.n_rows * kernels.row_bytes(t, p.row_len)
+                if written != expect:
+                    raise ConvertError(f"internal: {p.name} wrote {written} bytes, expected {expect}")
+                w.write_padding(f, written)
+                n_params += p.n_rows * p.row_len
+                n_bits += 8 * written
                 if bar:
-                    bar.update(nbytes=x.size * p.src_bytes // max(1, p.n_rows * p.row_len), name=p.name)
-            expect = p.n_rows * kernels.row_bytes(t, p.row_len)
-            if written != expect:
-                raise ConvertError(f"internal: {p.name} wrote {written} bytes, expected {expect}")
-            w.write_padding(f, written)
-            n_params += p.n_rows * p.row_len
-            n_bits += 8 * written
-            if bar:
-                bar.update(tensors=1)
-        f.flush()
-        os.fsync(f.fileno())
-        w.close()
-        os.replace(tmp, out)
+                    bar.update(tensors=1)
+            f.flush()
+            os.fsync(f.fileno())
+            w.close()
+        for path, o in zip(tmps, outs):
+            os.replace(path, o)
     except OSError as e:
-        _remove(tmp)
+        for t_ in tmps:
+            _remove(t_)
         reason = e.strerror or str(e)
         if e.errno == errno.ENOSPC or shutil.disk_usage(out.parent).free < (1 << 20):
             reason = "No space left on device"  # numpy's tofile reports a short write without errno
         raise ConvertError(f"writing {out} failed: {reason}") from None
     except BaseException:
-        _remove(tmp)
+        for t_ in tmps:
+            _remove(t_)
         raise
     finally:
         if reader is not None:
@@ -541,9 +604,39 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
     for t in types.values():
         counts[t] = counts.get(t, 0) + 1
     bpw = n_bits / max(1, n_params)
-    log(f"wrote {out}: {len(plans)} tensors ({', '.join(f'{n} {t}' for t, n in sorted(counts.items()))}), "
-        f"{n_params / 1e9:.3f}B parameters, {bpw:.2f} bits per weight, {out.stat().st_size / 1e9:.2f} GB")
-    return {"tensors": len(plans), "types": types, "bits_per_weight": bpw, "params": n_params, "path": str(out)}
+    size = sum(o.stat().st_size for o in outs)
+    where = str(outs[0]) + (f" (+ {len(outs) - 1} more parts)" if len(outs) > 1 else "")
+    log(f"wrote {where}: {len(plans)} tensors ({', '.join(f'{n} {t}' for t, n in sorted(counts.items()))}), "
+        f"{n_params / 1e9:.3f}B parameters, {bpw:.2f} bits per weight, {size / 1e9:.2f} GB")
+    return {"tensors": len(plans), "types": types, "bits_per_weight": bpw, "params": n_params, "path": str(outs[0]),
+            "parts": [str(o) for o in outs], "mtp_layers": n_mtp}
+
+
+def split_plan(plans: list[TensorPlan], types: dict[str, str], max_bytes: int) -> list[list[TensorPlan]]:
+    """The tensors of each part: a new part starts where the next tensor would take this one past
+    max_bytes of tensor data (llama-gguf-split --split-max-size's rule); 0: one part."""
+    from clover_cpu import kernels
+
+    if max_bytes <= 0:
+        return [plans]
+    parts: list[list[TensorPlan]] = [[]]
+    size = 0
+    for p in plans:
+        n = p.n_rows * kernels.row_bytes(types[p.name], p.row_len)
+        if parts[-1] and size + n > max_bytes:
+            parts.append([])
+            size = 0
+        parts[-1].append(p)
+        size += n
+    return parts
+
+
+def split_names(out: Path, n: int) -> list[Path]:
+    """llama.cpp's names for n parts of OUT.gguf: OUT-00001-of-0000n.gguf, ... (one part: OUT.gguf itself)."""
+    if n == 1:
+        return [out]
+    stem = out.name[:-5] if out.name.endswith(".gguf") else out.name
+    return [out.with_name(f"{stem}-{k + 1:05d}-of-{n:05d}.gguf") for k in range(n)]
 
 
 def threading_is_main() -> bool:

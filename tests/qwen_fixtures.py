@@ -136,3 +136,55 @@ def converted_model(
     write_checkpoint(d / "hf", chat_template=chat_template, model_type=model_type)
     convert(d / "hf", d / "m.gguf", out_type=out_type, log=lambda s: None, progress=False)
     return d / "m.gguf"
+
+
+def add_mtp_head(folder: Path, seed: int = 7) -> None:
+    """Give a saved Qwen3.5-MoE checkpoint a one-layer multi-token-prediction head as Qwen3.5 checkpoints carry
+    it: config mtp_num_hidden_layers = 1 and mtp.* tensors (fc, the two norms before it, a full-attention
+    decoder layer with its MoE, a final norm), in a second safetensors file listed in the index."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    text = cfg.get("text_config", cfg)
+    text["mtp_num_hidden_layers"] = 1
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    rng = np.random.default_rng(seed)
+    H = text["hidden_size"]
+    files = sorted(folder.glob("*.safetensors"))
+    weights = {}
+    for f in files:
+        weights.update(load_file(f))
+    # the decoder layer copies the shapes (not the values) of the checkpoint's first full-attention layer
+    interval = text.get("full_attention_interval", 4)
+    prefix = next(p for p in ("model.language_model.layers.", "model.layers.") if any(k.startswith(p) for k in weights))
+    src = f"{prefix}{interval - 1}."
+    mtp = {}
+    for k, v in weights.items():
+        if k.startswith(src):
+            vals = rng.standard_normal(v.shape).astype(np.float32) * (0.1 if v.ndim == 1 else 0.05)
+            mtp["mtp.layers.0." + k[len(src):]] = vals.astype(v.dtype)
+    dt = next(iter(weights.values())).dtype
+    mtp["mtp.fc.weight"] = (rng.standard_normal((H, 2 * H)) * 0.05).astype(dt)
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        mtp[f"mtp.{n}.weight"] = (rng.standard_normal(H) * 0.1).astype(dt)
+    save_file(mtp, str(folder / "model-mtp.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    wmap = json.loads(index.read_text())["weight_map"] if index.exists() else {k: files[0].name for k in weights}
+    wmap.update({k: "model-mtp.safetensors" for k in mtp})
+    index.write_text(json.dumps({"metadata": {}, "weight_map": wmap}, indent=1))
+
+
+def llama_cpp_convert(src: Path, out: Path, *extra: str, outtype: str = "f32") -> Path:
+    """llama.cpp b11434's own converter (convert_hf_to_gguf.py from the cached tree, with its gguf-py)."""
+    import subprocess
+    import sys
+
+    root = realfiles.llama_cpp()
+    r = subprocess.run([sys.executable, str(root / "convert_hf_to_gguf.py"), str(src), "--outfile", str(out),
+                        "--outtype", outtype, *extra], capture_output=True, text=True, timeout=900,
+                       env={**__import__("os").environ, "PYTHONPATH": str(root / "gguf-py")})
+    if r.returncode:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{r.stderr[-3000:]}")
+    return out

@@ -24,8 +24,27 @@ def add_parser(sub) -> None:
                    help="weight format, largest first (default: q4_k_m, llama.cpp's 4-bit recipe; q5_k_m its 5-bit "
                    "one; norms and small tensors stay f32)")
     p.add_argument("--threads", type=int, default=0, help="quantization threads (default: one per physical core)")
+    p.add_argument("--no-mtp", action="store_true",
+                   help="leave out a multi-token-prediction head (mtp.* tensors of Qwen3.5 checkpoints); by default it "
+                   "is kept as llama.cpp's converter keeps it (an extra block that decoding does not run)")
+    p.add_argument("--split-max-size", default=None, metavar="SIZE",
+                   help="write parts of at most SIZE of tensor data (e.g. 4G, 500M), named as llama-gguf-split names "
+                   "them: OUT-00001-of-0000K.gguf; -m takes the first part")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no log lines (errors still print)")
+
+
+def parse_size(text: str) -> int:
+    """'4G', '500M', '1.5G', '123456' (bytes) -> bytes, as llama-gguf-split reads --split-max-size."""
+    t = text.strip().upper()
+    mult = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}.get(t[-1:], 1)
+    try:
+        n = float(t[:-1] if t[-1:] in "KMGT" else t) * mult
+    except ValueError:
+        raise ValueError(f"--split-max-size {text!r}: give a size such as 4G, 500M or a number of bytes") from None
+    if not n >= 1:
+        raise ValueError(f"--split-max-size {text!r} must be at least one byte")
+    return int(n)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -34,9 +53,11 @@ def main(args: argparse.Namespace) -> int:
 
     if args.threads < 0:
         raise ValueError("--threads must be >= 0")
+    split = parse_size(args.split_max_size) if args.split_max_size is not None else 0
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr))
     try:
         convert(args.src, args.output, out_type=args.type, threads=args.threads, force=args.force,
-                log=lambda s: print(s, file=sys.stderr), progress=not args.quiet)
+                log=log, progress=not args.quiet, mtp=not args.no_mtp, split_max_size=split)
     except ConvertError as e:
         print(f"clover-cpu convert: error: {e}", file=sys.stderr)
         return 2

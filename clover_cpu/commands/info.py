@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+import numpy as np
 import platform
 
 
@@ -100,12 +102,20 @@ def describe(path) -> dict:
             "supported": _tokenizer_support(kv),
         }
         diffusion = {k: _plain(v) for k, v in kv.items() if "diffusion" in k}
+        nextn = _plain(kv.get(f"{arch}.nextn_predict_layers")) if isinstance(arch, str) else None
+        mtp = None
+        if isinstance(nextn, int) and nextn > 0 and isinstance(kv.get(f"{arch}.block_count"), (int, np.integer)):
+            n_block = int(kv[f"{arch}.block_count"])
+            mtp = {"layers": nextn, "blocks": list(range(n_block - nextn, n_block)),
+                   "tensors": sum(1 for n in g.tensors if any(n.startswith(f"blk.{b}.") for b in
+                                                                range(n_block - nextn, n_block)))}
         return {
             "path": str(path), "architecture": arch, "name": kv.get("general.name"), "gguf_version": g.version,
             "file_size": g.file_size, "tensors": len(g.tensors), "params": params,
             "bits_per_weight": 8 * nbytes / max(1, params), "types": types, "shape": shape,
             "tokenizer": tok, "chat_template": _template_summary(template, kv) if template is not None else None,
-            "diffusion": diffusion, "runnable": why_not_runnable(g) is None, "why_not": why_not_runnable(g),
+            "diffusion": diffusion, "mtp": mtp, "parts": [str(p) for p in g.paths],
+            "runnable": why_not_runnable(g) is None, "why_not": why_not_runnable(g),
         }
 
 
@@ -172,6 +182,8 @@ def model(args) -> int:
         print(json.dumps(d))
         return 1 if d.get("nonfinite_tensors") else 0
     print(f"file:          {d['path']} ({d['file_size'] / 1e9:.2f} GB, GGUF v{d['gguf_version']})")
+    if len(d["parts"]) > 1:
+        print(f"parts:         {len(d['parts'])} ({', '.join(p.rsplit('/', 1)[-1] for p in d['parts'][1:])} beside it)")
     print(f"architecture:  {d['architecture']}" + (f" ({d['name']})" if d["name"] else ""))
     if d["tensors"]:
         print(f"parameters:    {d['params'] / 1e9:.3f}B in {d['tensors']} tensors, {d['bits_per_weight']:.2f} bits per weight")
@@ -196,6 +208,10 @@ def model(args) -> int:
     else:
         print(f"chat template: {ct['chars']} characters, " +
               ("renders in the sandbox" if ct["renders"] else f"does not render: {ct['error']}"))
+    if d["mtp"]:
+        blocks = ", ".join(f"blk.{b}" for b in d["mtp"]["blocks"])
+        print(f"mtp head:      {d['mtp']['layers']} multi-token-prediction layer ({blocks}, {d['mtp']['tensors']} "
+              "tensors): kept in the file; decoding runs the main layers only")
     if d["diffusion"]:
         print("diffusion:     " + ", ".join(f"{k}={v}" for k, v in d["diffusion"].items()))
     elif d["runnable"]:
