@@ -101,6 +101,7 @@ ExpertsView experts_view(const py::array& w, const TypeInfo& ti, const char* wha
 py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type, bool bf16) {
     const TypeInfo& ti = parse_type(type);
     if (ti.type == Type::Q4_K_R16) fail("q4_k_r16 is a layout made from q4_k weights (repack_q4_k_r16), not a format to quantize to");
+    if (!has_quantizer(ti.type)) fail(std::string("clover-cpu has no quantizer for ") + ti.name + " (it reads and multiplies it)");
     enum { F32, F16, BF16 } src;
     if (bf16) {
         check_array<uint16_t>(x, "x", 2, "uint16 (bf16 bits)");
@@ -746,7 +747,9 @@ PYBIND11_MODULE(_core, m) {
     bind_model_ops(m);
     m.def("type_table", [] {
         py::list out;
-        for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}) {
+        for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_1", "q5_0", "q5_1",
+                              "iq4_nl", "mxfp4", "q2_k", "q3_k", "iq4_xs", "iq3_s", "iq3_xxs", "iq2_s", "iq2_xs",
+                              "iq2_xxs"}) {
             const TypeInfo* t = type_info_by_name(n);
             py::dict d;
             d["name"] = t->name;

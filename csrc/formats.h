@@ -16,11 +16,24 @@ enum class Type : int32_t {
     F32 = 0,
     F16 = 1,
     Q4_0 = 2,
+    Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
     Q8_0 = 8,
+    Q2_K = 10,
+    Q3_K = 11,
     Q4_K = 12,
     Q5_K = 13,
     Q6_K = 14,
+    IQ2_XXS = 16,
+    IQ2_XS = 17,
+    IQ3_XXS = 18,
+    IQ4_NL = 20,
+    IQ3_S = 21,
+    IQ2_S = 22,
+    IQ4_XS = 23,
     BF16 = 30,
+    MXFP4 = 39,
     // Not a GGUF type: q4_K rows repacked at load in groups of 16 (block_q4_K_r16), for kernels that keep
     // one weight row per vector lane. Never read from or written to a file (type_table leaves it out).
     Q4_K_R16 = 1012,
@@ -32,6 +45,46 @@ struct block_q4_0 {
     uint8_t qs[QK / 2];
 };
 static_assert(sizeof(block_q4_0) == 18, "block_q4_0 is 18 bytes");
+
+// x = d * q + m, q in 0..15; nibbles as block_q4_0.
+struct block_q4_1 {
+    uint16_t d;  // fp16
+    uint16_t m;  // fp16
+    uint8_t qs[QK / 2];
+};
+static_assert(sizeof(block_q4_1) == 20, "block_q4_1 is 20 bytes");
+
+// x = d * (q - 16), q in 0..31: nibbles as block_q4_0, bit j of qh the fifth bit of weight j.
+struct block_q5_0 {
+    uint16_t d;  // fp16
+    uint8_t qh[4];
+    uint8_t qs[QK / 2];
+};
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0 is 22 bytes");
+
+// x = d * q + m, q in 0..31; bits as block_q5_0.
+struct block_q5_1 {
+    uint16_t d;  // fp16
+    uint16_t m;  // fp16
+    uint8_t qh[4];
+    uint8_t qs[QK / 2];
+};
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1 is 24 bytes");
+
+// x = d * kvalues_iq4nl[q], q a nibble laid out as block_q4_0's.
+struct block_iq4_nl {
+    uint16_t d;  // fp16
+    uint8_t qs[QK / 2];
+};
+static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl is 18 bytes");
+
+// x = 2^(e - 128) * kvalues_mxfp4[q] (e2m1 values doubled, so the scale is half the E8M0 power); nibbles as
+// block_q4_0's.
+struct block_mxfp4 {
+    uint8_t e;  // E8M0 exponent
+    uint8_t qs[QK / 2];
+};
+static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 is 17 bytes");
 
 // x = d * q, q in -127..127.
 struct block_q8_0 {
@@ -81,6 +134,106 @@ struct block_q6_K {
     uint16_t d;  // fp16
 };
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K is 210 bytes");
+
+// x = d * (sc_g & 15) * q - dmin * (sc_g >> 4) over 16 groups of 16; q is 2 bits: weight 128 c + 32 s + l
+// is bits 2s of qs[32 c + l].
+struct block_q2_K {
+    uint8_t scales[QK_K / 16];
+    uint8_t qs[QK_K / 4];
+    uint16_t d;     // fp16
+    uint16_t dmin;  // fp16
+};
+static_assert(sizeof(block_q2_K) == 84, "block_q2_K is 84 bytes");
+
+// x = d * (s_g - 32) * q over 16 groups of 16, s_g 6 bits packed in scales[12]; q = (2 bits of qs as
+// q2_K's) - 4 unless bit b of hmask[l] is set, for weight 32 b + l.
+struct block_q3_K {
+    uint8_t hmask[QK_K / 8];
+    uint8_t qs[QK_K / 4];
+    uint8_t scales[12];
+    uint16_t d;  // fp16
+};
+static_assert(sizeof(block_q3_K) == 110, "block_q3_K is 110 bytes");
+
+// x = d * (ls_j - 32) * kvalues_iq4nl[q] over 8 groups of 32; ls_j: 4 bits in scales_l, 2 in scales_h;
+// group j's 16 bytes of qs: weights 0..15 in low nibbles, 16..31 in high.
+struct block_iq4_xs {
+    uint16_t d;  // fp16
+    uint16_t scales_h;
+    uint8_t scales_l[QK_K / 64];
+    uint8_t qs[QK_K / 2];
+};
+static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs is 136 bytes");
+
+// x = d * (0.5 + s_j) / 4 * grid value * sign over 8 groups of 32: per group two words, the first the 4
+// iq2xxs_grid indices (8 weights each), the second 4 x 7 sign bits (ksigns_iq2xs) and the scale s_j in its
+// top 4 bits.
+struct block_iq2_xxs {
+    uint16_t d;  // fp16
+    uint16_t qs[QK_K / 8];
+};
+static_assert(sizeof(block_iq2_xxs) == 66, "block_iq2_xxs is 66 bytes");
+
+// x = d * (0.5 + s_g) / 4 * grid value * sign over 16 groups of 16: qs[i] = 9-bit iq2xs_grid index | 7
+// sign bits << 9; s_g nibbles of scales.
+struct block_iq2_xs {
+    uint16_t d;  // fp16
+    uint16_t qs[QK_K / 8];
+    uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(block_iq2_xs) == 74, "block_iq2_xs is 74 bytes");
+
+// As iq2_xs with 10-bit iq2s_grid indices (8 bits in qs[0..31], 2 in qh) and 8 plain sign bits per entry
+// (qs[32..63]).
+struct block_iq2_s {
+    uint16_t d;  // fp16
+    uint8_t qs[QK_K / 4];
+    uint8_t qh[QK_K / 32];
+    uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(block_iq2_s) == 82, "block_iq2_s is 82 bytes");
+
+// x = d * (0.5 + s_j) / 2 * grid value * sign over 8 groups of 32: qs[0..63] iq3xxs_grid indices (4 weights
+// each), then per group a word of 4 x 7 sign bits and the scale s_j in its top 4 bits.
+struct block_iq3_xxs {
+    uint16_t d;  // fp16
+    uint8_t qs[3 * QK_K / 8];
+};
+static_assert(sizeof(block_iq3_xxs) == 98, "block_iq3_xxs is 98 bytes");
+
+// x = d * (1 + 2 s_j) * grid value * sign over 8 groups of 32: 9-bit iq3s_grid indices (qs, and bit i % 8
+// of qh[i / 8]), one plain sign bit per weight, s_j nibbles of scales.
+struct block_iq3_s {
+    uint16_t d;  // fp16
+    uint8_t qs[QK_K / 4];
+    uint8_t qh[QK_K / 32];
+    uint8_t signs[QK_K / 8];
+    uint8_t scales[QK_K / 64];
+};
+static_assert(sizeof(block_iq3_s) == 110, "block_iq3_s is 110 bytes");
+
+// ggml_e8m0_to_fp32_half: 2^(e - 128), the E8M0 scale halved (subnormal below e = 2).
+inline float e8m0_to_fp32_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// The 16 signed 6-bit scales of a q3_K super-block (gguf.quants' unpacking of its 12 bytes).
+inline void decode_scales_q3_K(const uint8_t* s12, int8_t sc[16]) {
+    for (int k = 0; k < 16; k++) {
+        const int lo = (s12[k % 8] >> (4 * (k / 8))) & 0xf;
+        const int hi = (s12[8 + k % 4] >> (2 * (k / 4))) & 3;
+        sc[k] = (int8_t)((lo | (hi << 4)) - 32);
+    }
+}
+
+// The 8 signed scales of an iq4_xs super-block.
+inline void decode_scales_iq4_xs(const block_iq4_xs& b, int8_t ls[8]) {
+    for (int j = 0; j < 8; j++)
+        ls[j] = (int8_t)((((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | (((b.scales_h >> (2 * j)) & 3) << 4)) - 32);
+}
 
 // Activations for Q4_0 / Q8_0 weights: x ~= d * q, q in -127..127, fp32 scale (not stored in files).
 struct block_q8_a {

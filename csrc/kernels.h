@@ -29,21 +29,14 @@ struct Kernels {
     // without a kernel of their own carry the reference one; the loader repacks only for those that have one
     // (has_native_q4_K_r16).
     gemm_fn gemm_q4_K_r16;
+    // The low-bit and legacy formats (lowbit.h), in GGUF type order. The reference table has them all; a
+    // SIMD table leaves null what it has no kernel of its own for, and gemm() gives the reference one.
+    gemm_fn gemm_q4_1 = nullptr, gemm_q5_0 = nullptr, gemm_q5_1 = nullptr, gemm_q2_K = nullptr, gemm_q3_K = nullptr,
+            gemm_iq2_xxs = nullptr, gemm_iq2_xs = nullptr, gemm_iq3_xxs = nullptr, gemm_iq4_nl = nullptr,
+            gemm_iq3_s = nullptr, gemm_iq2_s = nullptr, gemm_iq4_xs = nullptr, gemm_mxfp4 = nullptr;
 
-    gemm_fn gemm(Type t) const {
-        switch (t) {
-            case Type::F32: return gemm_f32;
-            case Type::F16: return gemm_f16;
-            case Type::BF16: return gemm_bf16;
-            case Type::Q8_0: return gemm_q8_0;
-            case Type::Q4_0: return gemm_q4_0;
-            case Type::Q4_K: return gemm_q4_K;
-            case Type::Q5_K: return gemm_q5_K;
-            case Type::Q6_K: return gemm_q6_K;
-            case Type::Q4_K_R16: return gemm_q4_K_r16;
-        }
-        return nullptr;
-    }
+    // The product for weights of type t (null for a type no kernel multiplies).
+    gemm_fn gemm(Type t) const;
 };
 
 const Kernels& kernels_ref();

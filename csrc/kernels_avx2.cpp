@@ -134,6 +134,14 @@ struct TileQ8A {
     };
 };
 
+}  // namespace
+}  // namespace clover
+
+#include "kernel_lowbit_avx2.h"
+
+namespace clover {
+namespace {
+
 template <int RM, int RN>
 using TileQ8_0 = TileQ8A<UnpackQ8_0>::T<RM, RN>;
 template <int RM, int RN>
@@ -330,7 +338,35 @@ void gemm_kquant(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int
     for (int64_t n = n0; n < n1; n++) Tile<1, 1>::run(a, n, 0);
 }
 
-const Kernels AVX2 = {
+template <int RM, int RN>
+using TileQ2_K = TileLow256<LowQ2K>::T<RM, RN>;
+template <int RM, int RN>
+using TileQ3_K = TileLow256<LowQ3K>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ4_XS = TileLow256<LowIQ4XS>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ2_XXS = TileLow256<LowIQ2XXS>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ2_XS = TileLow256<LowIQ2XS>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ2_S = TileLow256<LowIQ2S>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ3_XXS = TileLow256<LowIQ3XXS>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ3_S = TileLow256<LowIQ3S>::T<RM, RN>;
+template <int RM, int RN>
+using TileQ5_0 = TileQ8A<UnpackQ5_0>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ4_NL = TileQ8A<UnpackIQ4NL>::T<RM, RN>;
+template <int RM, int RN>
+using TileMXFP4 = TileQ8A<UnpackMXFP4>::T<RM, RN>;
+template <int RM, int RN>
+using TileQ4_1 = TileQ8A1<false>::T<RM, RN>;
+template <int RM, int RN>
+using TileQ5_1 = TileQ8A1<true>::T<RM, RN>;
+
+Kernels make_avx2() {
+    Kernels k = {
     "avx2",
     "avx2",
     gemm_tiled<TileF32, 4, 2>,
@@ -342,10 +378,28 @@ const Kernels AVX2 = {
     gemm_kquant<TileQ5_K, KindQ45KV<DotMaddubs, true>>,
     gemm_kquant<TileQ6_K, KindQ6KV<DotMaddubs>>,
     gemm_r16<TileR16<DotMaddubs>>,
-};
+    };
+    k.gemm_q4_1 = gemm_tiled<TileQ4_1, 1, 2>;
+    k.gemm_q5_0 = gemm_tiled<TileQ5_0, 1, 2>;
+    k.gemm_q5_1 = gemm_tiled<TileQ5_1, 1, 2>;
+    k.gemm_iq4_nl = gemm_tiled<TileIQ4_NL, 1, 2>;
+    k.gemm_mxfp4 = gemm_tiled<TileMXFP4, 1, 2>;
+    k.gemm_q2_K = gemm_tiled<TileQ2_K, 1, 2>;
+    k.gemm_q3_K = gemm_tiled<TileQ3_K, 1, 2>;
+    k.gemm_iq4_xs = gemm_tiled<TileIQ4_XS, 1, 2>;
+    k.gemm_iq2_xxs = gemm_tiled<TileIQ2_XXS, 1, 2>;
+    k.gemm_iq2_xs = gemm_tiled<TileIQ2_XS, 1, 2>;
+    k.gemm_iq2_s = gemm_tiled<TileIQ2_S, 1, 2>;
+    k.gemm_iq3_xxs = gemm_tiled<TileIQ3_XXS, 1, 2>;
+    k.gemm_iq3_s = gemm_tiled<TileIQ3_S, 1, 2>;
+    return k;
+}
 
 }  // namespace
 
-const Kernels* kernels_avx2() { return &AVX2; }
+const Kernels* kernels_avx2() {
+    static const Kernels table = make_avx2();  // (built on first use: other tables start from it)
+    return &table;
+}
 
 }  // namespace clover

@@ -1,6 +1,9 @@
 // Scalar reference kernels: plain loops, exact integer block dots, the twin every SIMD path is
 // checked against.
+#include <type_traits>
+
 #include "kernels.h"
+#include "lowbit.h"
 
 namespace clover {
 
@@ -168,11 +171,128 @@ void gemm_q4_K_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb,
 
 namespace {
 
-const Kernels REF = {"ref",     "ref",     gemm_f32,  gemm_f16,  gemm_bf16,         gemm_q8_0,
-                     gemm_q4_0, gemm_q4_K, gemm_q5_K, gemm_q6_K, gemm_q4_K_r16_ref};
+// ---- the low-bit and legacy formats (lowbit.h): integer dots per group, one float expression per block ----
+
+// 32-weight blocks against block_q8_a: d_w * d_x * sum(q x), plus m * d_x * sum(x) for q4_1 / q5_1.
+template <typename Block>
+void gemm_lowbit32(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y, int64_t ldy,
+                   int64_t n0, int64_t n1) {
+    constexpr bool MIN = std::is_same_v<Block, block_q4_1> || std::is_same_v<Block, block_q5_1>;
+    gemm_blocks<Block>(W, wb, X, xb, K / QK, M, Y, ldy, n0, n1, [](const Block& w, const uint8_t* xr, int64_t b) {
+        const block_q8_a& x = ((const block_q8_a*)xr)[b];
+        int q[32];
+        unpack32(w, q);
+        int32_t s = 0, sx = 0;
+        for (int j = 0; j < QK; j++) {
+            s += q[j] * x.qs[j];
+            sx += x.qs[j];
+        }
+        float d;
+        if constexpr (std::is_same_v<Block, block_mxfp4>)
+            d = e8m0_to_fp32_half(w.e);
+        else
+            d = fp16_to_f32(w.d);
+        float v = d * x.d * (float)s;
+        if constexpr (MIN) v += fp16_to_f32(w.m) * x.d * (float)sx;
+        return v;
+    });
+}
+
+// The constant factor of a super-block format's scales (weight = d * factor * scale * q).
+template <typename Block>
+constexpr float lowbit_factor() {
+    if constexpr (std::is_same_v<Block, block_iq2_xxs> || std::is_same_v<Block, block_iq2_xs> ||
+                  std::is_same_v<Block, block_iq2_s>)
+        return 0.125f;
+    else if constexpr (std::is_same_v<Block, block_iq3_xxs>)
+        return 0.25f;
+    else
+        return 1.f;
+}
+
+// 256-weight super-blocks against block_q8_K: d_x * (d * factor * sum_g scale_g (q_g . x_g) - dmin *
+// sum_g min_g bsum_g), the sums over the 16 groups of 16 in int32.
+template <typename Block, void (*Unpack)(const Block&, SuperInts&)>
+void gemm_lowbit256(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y,
+                    int64_t ldy, int64_t n0, int64_t n1) {
+    const int64_t nsb = K / QK_K;
+    SuperInts s;
+    for (int64_t n = n0; n < n1; n++) {
+        const Block* w = (const Block*)(W + n * wb);
+        for (int m = 0; m < M; m++) Y[m * ldy + n] = 0.f;
+        for (int64_t b = 0; b < nsb; b++) {
+            Unpack(w[b], s);
+            const float d = fp16_to_f32(w[b].d) * lowbit_factor<Block>();
+            for (int m = 0; m < M; m++) {
+                const block_q8_K& x = ((const block_q8_K*)(X + m * xb))[b];
+                int32_t sum_q = 0, sum_m = 0;
+                for (int g = 0; g < 16; g++) {
+                    int32_t dot = 0;
+                    for (int l = 0; l < 16; l++) dot += s.q[16 * g + l] * x.qs[16 * g + l];
+                    sum_q += s.scale[g] * dot;
+                    if constexpr (std::is_same_v<Block, block_q2_K>) sum_m += s.min[g] * x.bsums[g];
+                }
+                float v = x.d * d * (float)sum_q;
+                if constexpr (std::is_same_v<Block, block_q2_K>) v -= x.d * fp16_to_f32(w[b].dmin) * (float)sum_m;
+                Y[m * ldy + n] += v;
+            }
+        }
+    }
+}
+
+Kernels make_ref() {
+    Kernels k = {"ref",     "ref",     gemm_f32,  gemm_f16,  gemm_bf16,         gemm_q8_0,
+                 gemm_q4_0, gemm_q4_K, gemm_q5_K, gemm_q6_K, gemm_q4_K_r16_ref};
+    k.gemm_q4_1 = gemm_lowbit32<block_q4_1>;
+    k.gemm_q5_0 = gemm_lowbit32<block_q5_0>;
+    k.gemm_q5_1 = gemm_lowbit32<block_q5_1>;
+    k.gemm_iq4_nl = gemm_lowbit32<block_iq4_nl>;
+    k.gemm_mxfp4 = gemm_lowbit32<block_mxfp4>;
+    k.gemm_q2_K = gemm_lowbit256<block_q2_K, unpack_q2_K>;
+    k.gemm_q3_K = gemm_lowbit256<block_q3_K, unpack_q3_K>;
+    k.gemm_iq4_xs = gemm_lowbit256<block_iq4_xs, unpack_iq4_xs>;
+    k.gemm_iq2_xxs = gemm_lowbit256<block_iq2_xxs, unpack_iq2_xxs>;
+    k.gemm_iq2_xs = gemm_lowbit256<block_iq2_xs, unpack_iq2_xs>;
+    k.gemm_iq2_s = gemm_lowbit256<block_iq2_s, unpack_iq2_s>;
+    k.gemm_iq3_xxs = gemm_lowbit256<block_iq3_xxs, unpack_iq3_xxs>;
+    k.gemm_iq3_s = gemm_lowbit256<block_iq3_s, unpack_iq3_s>;
+    return k;
+}
 
 }  // namespace
 
-const Kernels& kernels_ref() { return REF; }
+const Kernels& kernels_ref() {
+    static const Kernels table = make_ref();
+    return table;
+}
+
+gemm_fn Kernels::gemm(Type t) const {
+    const Kernels& r = kernels_ref();
+    switch (t) {
+        case Type::F32: return gemm_f32;
+        case Type::F16: return gemm_f16;
+        case Type::BF16: return gemm_bf16;
+        case Type::Q8_0: return gemm_q8_0;
+        case Type::Q4_0: return gemm_q4_0;
+        case Type::Q4_K: return gemm_q4_K;
+        case Type::Q5_K: return gemm_q5_K;
+        case Type::Q6_K: return gemm_q6_K;
+        case Type::Q4_K_R16: return gemm_q4_K_r16;
+        case Type::Q4_1: return gemm_q4_1 ? gemm_q4_1 : r.gemm_q4_1;
+        case Type::Q5_0: return gemm_q5_0 ? gemm_q5_0 : r.gemm_q5_0;
+        case Type::Q5_1: return gemm_q5_1 ? gemm_q5_1 : r.gemm_q5_1;
+        case Type::IQ4_NL: return gemm_iq4_nl ? gemm_iq4_nl : r.gemm_iq4_nl;
+        case Type::MXFP4: return gemm_mxfp4 ? gemm_mxfp4 : r.gemm_mxfp4;
+        case Type::Q2_K: return gemm_q2_K ? gemm_q2_K : r.gemm_q2_K;
+        case Type::Q3_K: return gemm_q3_K ? gemm_q3_K : r.gemm_q3_K;
+        case Type::IQ4_XS: return gemm_iq4_xs ? gemm_iq4_xs : r.gemm_iq4_xs;
+        case Type::IQ2_XXS: return gemm_iq2_xxs ? gemm_iq2_xxs : r.gemm_iq2_xxs;
+        case Type::IQ2_XS: return gemm_iq2_xs ? gemm_iq2_xs : r.gemm_iq2_xs;
+        case Type::IQ2_S: return gemm_iq2_s ? gemm_iq2_s : r.gemm_iq2_s;
+        case Type::IQ3_XXS: return gemm_iq3_xxs ? gemm_iq3_xxs : r.gemm_iq3_xxs;
+        case Type::IQ3_S: return gemm_iq3_s ? gemm_iq3_s : r.gemm_iq3_s;
+    }
+    return nullptr;
+}
 
 }  // namespace clover

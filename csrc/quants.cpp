@@ -398,6 +398,19 @@ const TypeInfo TYPES[] = {
     {Type::Q4_K, "q4_k", QK_K, (int)sizeof(block_q4_K)},
     {Type::Q5_K, "q5_k", QK_K, (int)sizeof(block_q5_K)},
     {Type::Q6_K, "q6_k", QK_K, (int)sizeof(block_q6_K)},
+    {Type::Q4_1, "q4_1", QK, (int)sizeof(block_q4_1)},
+    {Type::Q5_0, "q5_0", QK, (int)sizeof(block_q5_0)},
+    {Type::Q5_1, "q5_1", QK, (int)sizeof(block_q5_1)},
+    {Type::IQ4_NL, "iq4_nl", QK, (int)sizeof(block_iq4_nl)},
+    {Type::MXFP4, "mxfp4", QK, (int)sizeof(block_mxfp4)},
+    {Type::Q2_K, "q2_k", QK_K, (int)sizeof(block_q2_K)},
+    {Type::Q3_K, "q3_k", QK_K, (int)sizeof(block_q3_K)},
+    {Type::IQ4_XS, "iq4_xs", QK_K, (int)sizeof(block_iq4_xs)},
+    {Type::IQ3_S, "iq3_s", QK_K, (int)sizeof(block_iq3_s)},
+    {Type::IQ3_XXS, "iq3_xxs", QK_K, (int)sizeof(block_iq3_xxs)},
+    {Type::IQ2_S, "iq2_s", QK_K, (int)sizeof(block_iq2_s)},
+    {Type::IQ2_XS, "iq2_xs", QK_K, (int)sizeof(block_iq2_xs)},
+    {Type::IQ2_XXS, "iq2_xxs", QK_K, (int)sizeof(block_iq2_xxs)},
     // a row's share of its group: 16 rows of a super-block are one block_q4_K_r16
     {Type::Q4_K_R16, "q4_k_r16", QK_K, (int)sizeof(block_q4_K_r16) / R16},
 };
@@ -454,6 +467,16 @@ const TypeInfo* type_info(int32_t type_id) {
     return nullptr;
 }
 
+bool has_quantizer(Type t) {
+    switch (t) {
+        case Type::F32: case Type::F16: case Type::BF16: case Type::Q8_0: case Type::Q4_0: case Type::Q4_K:
+        case Type::Q5_K: case Type::Q6_K: case Type::Q4_1: case Type::Q5_0: case Type::Q5_1:
+            return true;
+        default:
+            return false;
+    }
+}
+
 const TypeInfo* type_info_by_name(const char* name) {
     for (const auto& t : TYPES)
         if (std::strcmp(t.name, name) == 0) return &t;
@@ -464,11 +487,24 @@ ActFormat act_format(Type t) {
     switch (t) {
         case Type::Q4_0:
         case Type::Q8_0:
+        case Type::Q4_1:
+        case Type::Q5_0:
+        case Type::Q5_1:
+        case Type::IQ4_NL:
+        case Type::MXFP4:
             return ActFormat::Q8_A;
         case Type::Q4_K:
         case Type::Q5_K:
         case Type::Q6_K:
         case Type::Q4_K_R16:
+        case Type::Q2_K:
+        case Type::Q3_K:
+        case Type::IQ4_XS:
+        case Type::IQ3_S:
+        case Type::IQ3_XXS:
+        case Type::IQ2_S:
+        case Type::IQ2_XS:
+        case Type::IQ2_XXS:
             return ActFormat::Q8_K;
         default:
             return ActFormat::F32;
@@ -536,6 +572,9 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
                 break;
             case Type::Q4_K_R16:  // a layout made by repack_q4_K_r16, not quantized to (callers refuse it)
                 break;
+            default:  // the low-bit formats with a quantizer (has_quantizer); callers refuse the others
+                quantize_row_lowbit(t, x, y, k);
+                break;
         }
     }
 }
@@ -576,6 +615,9 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
                 dequantize_row_q6_K((const block_q6_K*)x, y, k);
                 break;
             case Type::Q4_K_R16:  // handled above, by groups of rows
+                break;
+            default:
+                dequantize_row_lowbit(t, x, y, k);
                 break;
         }
     }

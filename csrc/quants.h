@@ -13,6 +13,13 @@ namespace clover {
 // (quantize_row_*_ref) for Q4_K, Q5_K and Q6_K.
 void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t k);
 
+// Whether quantize_rows can write type t (every format dequantizes; the i-quants and q2_K / q3_K have no
+// quantizer here yet).
+bool has_quantizer(Type t);
+// The low-bit and legacy formats (quants_lowbit.cpp): false for a type they do not handle.
+bool dequantize_row_lowbit(Type t, const uint8_t* x, float* y, int64_t k);
+bool quantize_row_lowbit(Type t, const float* x, uint8_t* y, int64_t k);
+
 // Dequantize n_rows rows of k weights into fp32 (q4_K_r16: n_rows a multiple of 16).
 void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_t k);
 

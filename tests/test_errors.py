@@ -38,8 +38,8 @@ def test_shapes(wq):
 
 
 def test_unknown_format(wq):
-    with pytest.raises(ValueError, match="unknown format 'q3_k'"):
-        kernels.matmul(np.zeros((2, 256), np.float32), wq, "q3_k")
+    with pytest.raises(ValueError, match="unknown format 'q3_z'"):
+        kernels.matmul(np.zeros((2, 256), np.float32), wq, "q3_z")
     with pytest.raises(ValueError, match="unknown format"):
         kernels.quantize(np.zeros((2, 256), np.float32), "int4")
 

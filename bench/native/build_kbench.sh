@@ -35,6 +35,7 @@ finish() {
     pids=""
 }
 build quants "$src/quants.cpp" ""
+build quants_lowbit "$src/quants_lowbit.cpp" ""
 build quants_avx2 "$src/quants_avx2.cpp" "$avx2"
 finish
 build kernels_ref "$src/kernels_ref.cpp" ""

@@ -1,0 +1,221 @@
+"""The low-bit and legacy formats laptops' GGUFs use (Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_S,
+IQ2_XS, IQ2_XXS, MXFP4, Q4_1, Q5_0, Q5_1): blocks of random bytes (every bit pattern is a valid block, the
+float scales kept finite) dequantize bit for bit as gguf.quants.dequantize does; the legacy quantizers write
+gguf.quants.quantize's bytes; every ISA's product equals the float64 product of the dequantized weights
+within the activations' int8 rounding, and the scalar reference's within float summation order; the MoE
+product and a model whose weights are in each format run as their float twins."""
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import quants as gq
+
+import clover_cpu
+from clover_cpu import kernels
+
+from conftest import check_close
+
+ISAS = clover_cpu.system_info()["available_isas"]
+SIMD_ISAS = [i for i in ISAS if i != "ref"]
+LOWBIT = ["q2_k", "q3_k", "iq4_xs", "iq4_nl", "iq3_s", "iq3_xxs", "iq2_s", "iq2_xs", "iq2_xxs", "mxfp4", "q4_1", "q5_0",
+          "q5_1"]
+QUANTIZERS = ["q4_1", "q5_0", "q5_1"]
+# byte offsets of each block's fp16 scales (d, and the min/dmin where there is one)
+F16_FIELDS = {"q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "iq4_nl": [0], "q2_k": [80, 82], "q3_k": [108], "iq4_xs": [0],
+              "iq2_xxs": [0], "iq2_xs": [0], "iq2_s": [0], "iq3_xxs": [0], "iq3_s": [0]}
+TOL_FLOAT64 = 1e-5  # against float64 on the int8-rounded activations: float summation order only
+TOL_VS_REF = 2e-5  # the same integer dots, another float summation order
+Q8_K_FORMATS = {"q2_k", "q3_k", "iq4_xs", "iq3_s", "iq3_xxs", "iq2_s", "iq2_xs", "iq2_xxs"}
+
+
+def act_rounded(x, fmt):
+    """The activations as the kernels see them: blocks of 32 (q8_a) or 256 (q8_K), d = amax / 127, q =
+    round-half-even(x / d) (clover's activation quantizers, every ISA the same)."""
+    n = 256 if fmt in Q8_K_FORMATS else 32
+    b = x.reshape(x.shape[0], -1, n).astype(np.float32)
+    d = np.abs(b).max(-1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d > 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.rint(b * inv)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+
+
+def gtype(fmt):
+    return GGMLQuantizationType[fmt.upper()]
+
+
+def random_blocks(rng, fmt, rows, k, scale=(0.004, 0.06), rms=None):
+    """Random bytes as blocks, with finite fp16 scales of random sign in `scale` (mxfp4: exponents near 1);
+    rms: scales chosen instead so that the weights' RMS is about `rms`."""
+    bs, nb = GGML_QUANT_SIZES[gtype(fmt)]
+    raw = rng.integers(0, 256, (rows, k // bs, nb), dtype=np.uint8)
+    if rms is not None:
+        unit = random_blocks(rng, fmt, 4, 1024, scale=(1.0, 1.0))
+        if fmt == "mxfp4":
+            unit.reshape(-1, nb)[:, 0] = 128
+        r = float(np.sqrt(np.mean(gq.dequantize(unit, gtype(fmt)).astype(np.float64) ** 2)))
+        scale = (0.5 * rms / r, 1.5 * rms / r)
+    for off in F16_FIELDS.get(fmt, []):
+        d = rng.uniform(*scale, raw.shape[:2]) * rng.choice([-1, 1], raw.shape[:2])
+        raw[..., off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+    if fmt == "mxfp4":
+        e = 128 + (np.log2(np.sqrt(scale[0] * scale[1])) if rms is not None else 0)
+        raw[..., 0] = rng.integers(int(e) - 2, int(e) + 3, raw.shape[:2])
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("fmt", LOWBIT)
+def test_dequantize_bit_for_bit_as_gguf_py(fmt, rng):
+    w = random_blocks(rng, fmt, 13, 1024)
+    want = gq.dequantize(w, gtype(fmt)).reshape(13, 1024)
+    got = kernels.dequantize(w, fmt)
+    assert np.array_equal(want.view(np.uint32), got.view(np.uint32)), f"{fmt}: {np.abs(want - got).max()}"
+
+
+@pytest.mark.parametrize("fmt", LOWBIT)
+def test_dequantize_extreme_scales(fmt, rng):
+    """Subnormal, huge and zero scales, all-ones and all-zeros bytes: still gguf.quants' floats."""
+    bs, nb = GGML_QUANT_SIZES[gtype(fmt)]
+    rows = [random_blocks(rng, fmt, 1, 256 if bs == 256 else 64, scale=s) for s in ((1e-7, 6e-5), (1e3, 6e4))]
+    rows += [np.zeros_like(rows[0]), np.full_like(rows[0], 0xff)]
+    for off in F16_FIELDS.get(fmt, []):
+        rows[-1].reshape(-1, nb)[:, off:off + 2] = np.frombuffer(np.float16(-2.5).tobytes(), np.uint8)
+    w = np.concatenate(rows)
+    want = gq.dequantize(w, gtype(fmt)).reshape(len(rows), -1)
+    got = kernels.dequantize(w, fmt)
+    assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", QUANTIZERS)
+def test_legacy_quantizers_byte_for_byte(fmt, rng):
+    from test_formats import inputs
+
+    x = inputs(rng, 256)
+    assert np.array_equal(kernels.quantize(x, fmt), gq.quantize(x, gtype(fmt)))
+
+
+def test_no_quantizer_is_a_clear_error():
+    with pytest.raises(ValueError, match="no quantizer for iq2_xxs"):
+        kernels.quantize(np.zeros((2, 256), np.float32), "iq2_xxs")
+
+
+@pytest.mark.parametrize("fmt", LOWBIT)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 17])
+def test_matmul_vs_float64(fmt, m, rng):
+    k = 512
+    w = random_blocks(rng, fmt, 19, k)  # 19 rows: not a multiple of any tile
+    wd = kernels.dequantize(w, fmt).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    want = act_rounded(x, fmt) @ wd.T
+    for isa in ISAS:
+        check_close(kernels.matmul(x, w, fmt, isa=isa), want, TOL_FLOAT64, f"{fmt} {isa} M={m}")
+
+
+@pytest.mark.parametrize("fmt", LOWBIT)
+@pytest.mark.parametrize("m", [1, 4, 7, 33])
+def test_simd_equals_scalar(fmt, m, rng):
+    if not SIMD_ISAS:
+        pytest.skip("no SIMD path on this machine")
+    k = 1024
+    w = random_blocks(rng, fmt, 37, k)
+    x = (rng.standard_normal((m, k)) * np.where(rng.random(k) < 0.02, 30, 1)).astype(np.float32)  # outliers
+    ref = kernels.matmul(x, w, fmt, isa="ref")
+    for isa in SIMD_ISAS:
+        check_close(kernels.matmul(x, w, fmt, isa=isa), ref, TOL_VS_REF, f"{fmt} {isa} vs ref M={m}")
+
+
+@pytest.mark.parametrize("fmt", LOWBIT)
+def test_one_block_one_row(fmt, rng):
+    k = GGML_QUANT_SIZES[gtype(fmt)][0]
+    w = random_blocks(rng, fmt, 1, k)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    want = act_rounded(x, fmt) @ kernels.dequantize(w, fmt).astype(np.float64).T
+    for isa in ISAS:
+        check_close(kernels.matmul(x, w, fmt, isa=isa), want, TOL_FLOAT64, f"{fmt} {isa}")
+
+
+@pytest.mark.parametrize("fmt", ["q2_k", "iq2_xxs", "iq3_s", "iq4_xs", "q5_1", "mxfp4"])
+def test_threads_do_not_change_results(fmt, rng):
+    w = random_blocks(rng, fmt, 300, 1024)
+    x = rng.standard_normal((9, 1024)).astype(np.float32)
+    outs = []
+    for n in (1, 2, 3):
+        clover_cpu.set_num_threads(n)
+        outs.append(kernels.matmul(x, w, fmt))
+    clover_cpu.set_num_threads(0)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("fmt,down_fmt", [("q3_k", "q5_1"), ("iq2_xxs", "iq4_xs"), ("iq3_xxs", "q2_k"),
+                                          ("iq4_nl", "mxfp4"), ("iq2_s", "iq3_s"), ("iq2_xs", "q5_0"), ("q4_1", "q3_k")])
+@pytest.mark.parametrize("m", [1, 6])
+def test_moe(fmt, down_fmt, m, rng):
+    from test_moe import reference, route
+
+    E, H, I, K = 8, 256, 256, 2
+    g, u = (random_blocks(rng, fmt, E * I, H).reshape(E, I, -1) for _ in range(2))
+    d = random_blocks(rng, down_fmt, E * H, I).reshape(E, H, -1)
+    deq = lambda q, f, rows, k: kernels.dequantize(q.reshape(-1, q.shape[-1]), f).reshape(E, rows, k).astype(np.float64)  # noqa: E731
+    x = rng.standard_normal((m, H)).astype(np.float32)
+    ids, w = route(rng, m, E, K)
+    want = reference(x.astype(np.float64), ids, w, deq(g, fmt, I, H), deq(u, fmt, I, H), deq(d, down_fmt, H, I))
+    for isa in ISAS:
+        out, _ = kernels.moe(x, ids, w, g, u, d, fmt, fmt, down_fmt, isa=isa)
+        check_close(out, want, 5e-2, f"moe {fmt}/{down_fmt} {isa} M={m}")
+
+
+@pytest.mark.parametrize("fmt", ["q3_k", "iq2_xxs", "iq4_xs", "iq3_s", "mxfp4", "q5_1"])
+def test_model_in_each_format_runs_as_its_float_twin(fmt, rng, tmp_path):
+    """The shipped Clover (trained weights) with its routed experts' down projections (the MoE product) and
+    its mixers' output projections (dense products) rewritten as small random blocks of `fmt`, against the
+    same network with those blocks dequantized to F32: the loader, the fused layers and the MoE read the
+    format, and the two agree within the activations' int8 rounding (the rest of the network trained, so
+    a rounding does not snowball as in a random one)."""
+    import gguf
+
+    from clover_cpu.gguf_file import GGUFFile
+
+    src = clover_cpu.shipped_model()
+    bs, _ = GGML_QUANT_SIZES[gtype(fmt)]
+    files = {}
+    with GGUFFile(src) as g:
+        weights = {}
+        for name, ti in g.tensors.items():
+            x = kernels.dequantize(np.ascontiguousarray(g.data(name)), ti.type_name)
+            if name.endswith(("ffn_down_exps.weight", "ssm_out.weight", "attn_output.weight")) and ti.ne[0] % bs == 0:
+                rms = float(np.sqrt(np.mean(x.astype(np.float64) ** 2)))
+                blocks = random_blocks(rng, fmt, x.shape[0], x.shape[1], rms=0.02 * rms)
+                weights[name] = (blocks.reshape(*ti.shape[:-1], -1), fmt)
+            else:
+                weights[name] = (x.reshape(ti.shape), "f32")
+        reader = gguf.GGUFReader(str(src))
+        for kind in ("lowbit", "f32"):
+            w = gguf.GGUFWriter(str(tmp_path / f"{kind}.gguf"), "clover")
+            for name, f in reader.fields.items():
+                if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment"):
+                    continue
+                vtype = f.types[0]
+                w.add_key_value(name, f.contents(), vtype, sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+            for name, (data, t) in weights.items():
+                if t == "f32" or kind == "f32":
+                    arr = data if t == "f32" else kernels.dequantize(data.reshape(-1, data.shape[-1]), t).reshape(
+                        g.tensors[name].shape)
+                    w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+                else:
+                    w.add_tensor(name, np.ascontiguousarray(data), raw_dtype=gtype(t))
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+            files[kind] = tmp_path / f"{kind}.gguf"
+    n_lowbit = sum(t == fmt for _, t in weights.values())
+    ids = list(range(5, 45))
+    m = clover_cpu.load(files["lowbit"])
+    assert m.layers[0]["ssm_out"].fmt == fmt and m.layers[3]["o"].fmt == fmt
+    a = m.forward(ids)
+    b = clover_cpu.load(files["f32"]).forward(ids)
+    # per position: the q8_K activations (one scale per 256 values) round coarsely where activations have
+    # outliers, and a rounding can tip a later router, so the error grows along the sequence; a misread block
+    # puts every position at ~1
+    per = np.sqrt(np.mean((a - b) ** 2, axis=1) / np.mean(b**2, axis=1))
+    assert n_lowbit >= 8 and np.median(per) < 1e-2 and np.mean(per < 5e-2) >= 0.75, (n_lowbit, np.sort(per))
