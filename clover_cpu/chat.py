@@ -4,10 +4,12 @@ A model file is written by a stranger, and its template is code. It runs in Jinj
 ImmutableSandboxedEnvironment (no attribute starting with `_`, no unsafe methods, no mutation of the
 inputs), with transformers' settings (trim_blocks, lstrip_blocks, loopcontrols, its `tojson`,
 `raise_exception`, `strftime_now`, default Undefined), so the Qwen family's templates render byte for byte
-as `transformers.utils.chat_template_utils.render_jinja_template` renders them. On top of the sandbox, the
-render is bounded: a wall-clock limit (checked on every template line), sequences built by `*` and `+`,
-powers, and the numbers given to filters are capped, and deep recursion is caught. Every failure is a
-ChatTemplateError: one line, no traceback.
+as `transformers.utils.chat_template_utils.render_jinja_template` renders them. The template compiles and
+renders in a process of its own (template_worker.py) with a memory limit (RLIMIT_AS), killed when it runs
+past its time limit: a filter working for minutes inside one C call, or a structure of gigabytes, stops there
+and nowhere else. Inside it the sandbox also bounds what it can: the time limit checked on every template
+line, sequences built by `*`, `+`, `~` and `%`, powers, and the numbers given to filters capped, deep
+recursion caught. Every failure is a ChatTemplateError: one line, no traceback.
 
 Control tokens a user types (`<|im_end|>` in a message) are text, not tokens, when the chat is tokenized
 with `sanitize=True` (the default of `Model.apply_chat_template(..., tokenize=True)`): the inputs' control
@@ -18,11 +20,14 @@ added token (transformers' `sanitize_control_tokens=True` does the same, with th
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 
 import jinja2
 import jinja2.compiler
@@ -37,6 +42,8 @@ MAX_SEQUENCE = 1 << 22  # elements of a string or list an operator, filter or ca
 MAX_NUMBER = 1 << 16  # an integer given to a filter, a call or an operator (a width, a count, a repeat)
 MAX_WORK = 1 << 28  # the largest operand's size times the next factor, before a call (see _preflight)
 MAX_OUTPUT = 1 << 26  # characters a render may produce (64M)
+WORKER_MEMORY = 1 << 30  # bytes of address space the template process may add to what it starts with
+WORKER_GRACE = 2.0  # seconds past the time limit before the template process is killed
 # message fields transformers copies a message's reasoning from, the first being the one templates read
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -309,46 +316,154 @@ def template_literal_text(source: str) -> str:
     return "\0".join(lits)
 
 
-class ChatTemplate:
-    """A compiled chat template. render() gives the text; with a tokenizer, encode() gives the ids of a
-    rendering made with mark=True, control tokens from the inputs encoded as text."""
+def compile_template(source: str):
+    """The sandboxed jinja2 Template, or a ChatTemplateError saying why not."""
+    if not isinstance(source, str):
+        raise ChatTemplateError("the chat template is not a string")
+    try:
+        return _environment().from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ChatTemplateError(f"the chat template cannot be parsed: line {e.lineno}: {_one_line(e)}") from None
+    except Exception as e:  # the compiler's own limits too (SyntaxError: too many nested blocks), MemoryError
+        raise ChatTemplateError(f"the chat template cannot be compiled: {type(e).__name__}: {_one_line(e)}") from None
 
-    def __init__(
-        self,
-        source: str,
-        *,
-        tokenizer=None,
-        special_tokens: dict | None = None,
-        time_limit: float = TIME_LIMIT,
-    ):
+
+def render_compiled(template, context: dict, time_limit: float) -> str:
+    """Render in this process, under the sandbox's limits and a line tracer that stops at time_limit."""
+    deadline = time.monotonic() + time_limit
+
+    def trace_lines(frame, event, arg):
+        if time.monotonic() > deadline:
+            raise _Timeout
+        return trace_lines
+
+    def trace_calls(frame, event, arg):
+        # only the template's own code is traced line by line (its loops and macros); filters and Python's
+        # own functions run untraced (the process's time limit stops those)
+        return trace_lines if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(trace_calls)
+    try:
+        out, n = [], 0
+        for piece in template.generate(**context):
+            n += len(piece)
+            if n > MAX_OUTPUT:
+                raise ChatTemplateError(f"the chat template's output passed {MAX_OUTPUT} characters")
+            out.append(piece)
+        return "".join(out)
+    except ChatTemplateError:
+        raise
+    except _Timeout:
+        raise ChatTemplateError(
+            f"the chat template ran for more than {time_limit:g} s (an endless or enormous loop?)") from None
+    except RecursionError:
+        raise ChatTemplateError("the chat template recursed too deeply") from None
+    except MemoryError:
+        raise ChatTemplateError("the chat template ran out of memory") from None
+    except jinja2.exceptions.SecurityError as e:
+        raise ChatTemplateError(f"the chat template did something unsafe, refused: {_one_line(e)}") from None
+    except Exception as e:  # TemplateError (raise_exception, undefined), or a Python error inside a filter
+        line = _template_line(e.__traceback__)
+        where = f" (line {line})" if line else ""
+        kind = "" if isinstance(e, jinja2.TemplateError) else f"{type(e).__name__}: "
+        raise ChatTemplateError(f"the chat template failed{where}: {kind}{_one_line(e)}") from None
+    finally:
+        sys.settrace(previous)
+
+
+class _Worker:
+    """The template process (template_worker.py), shared by every ChatTemplate of this process; one request
+    at a time. Requests and replies are length-prefixed pickles on its stdin / stdout."""
+
+    _lock = threading.Lock()
+    _proc = None
+
+    @classmethod
+    def call(cls, op: str, source: str, payload, time_limit: float):
+        import pickle
+        import struct
+        import subprocess
+
+        with cls._lock:
+            if cls._proc is None or cls._proc.poll() is not None:
+                worker = Path(__file__).with_name("template_worker.py")
+                cls._proc = subprocess.Popen([sys.executable, str(worker), str(WORKER_MEMORY)], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            proc = cls._proc
+            data = pickle.dumps((op, source, payload, time_limit), protocol=pickle.HIGHEST_PROTOCOL)
+            try:
+                proc.stdin.write(struct.pack("<Q", len(data)) + data)
+                proc.stdin.flush()
+                # the worker stops itself at time_limit on template lines; a C call that runs on is killed here
+                head = _read_exactly(proc.stdout.fileno(), 8, time.monotonic() + time_limit + WORKER_GRACE)
+                reply = pickle.loads(_read_exactly(proc.stdout.fileno(), struct.unpack("<Q", head)[0],
+                                                   time.monotonic() + WORKER_GRACE))
+            except _Timeout:
+                cls._kill()
+                raise ChatTemplateError(f"the chat template ran for more than {time_limit:g} s (stopped)") from None
+            except (OSError, EOFError, pickle.UnpicklingError, struct.error):
+                cls._kill()
+                raise ChatTemplateError("the chat template's renderer stopped (it ran out of its "
+                                        f"{WORKER_MEMORY >> 20} MiB of memory, or crashed)") from None
+        ok, value = reply
+        if not ok:
+            raise ChatTemplateError(value)
+        return value
+
+    @classmethod
+    def _kill(cls):
+        if cls._proc is not None:
+            try:
+                cls._proc.kill()
+                cls._proc.wait(timeout=5)
+            except Exception:
+                pass
+            cls._proc = None
+
+
+def _read_exactly(fd: int, n: int, deadline: float) -> bytes:
+    import select
+
+    out = bytearray()
+    while len(out) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Timeout
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            raise _Timeout
+        chunk = os.read(fd, n - len(out))
+        if not chunk:
+            raise EOFError
+        out += chunk
+    return bytes(out)
+
+
+class ChatTemplate:
+    """A chat template. render() gives the text; with a tokenizer, encode() gives the ids of a rendering made
+    with mark=True, control tokens from the inputs encoded as text. isolate=False compiles and renders in
+    this process (the fuzzer, and the template process itself, do)."""
+
+    def __init__(self, source: str, *, tokenizer=None, special_tokens: dict | None = None,
+                 time_limit: float = TIME_LIMIT, isolate: bool = True):
         if not isinstance(source, str):
             raise ChatTemplateError("the chat template is not a string")
         self.source = source
         self.time_limit = time_limit
         self.special_tokens = dict(special_tokens or {})
         self.tokenizer = tokenizer
-        try:
-            self._template = _environment().from_string(source)
-        except jinja2.TemplateSyntaxError as e:
-            raise ChatTemplateError(
-                f"the chat template cannot be parsed: line {e.lineno}: {_one_line(e)}"
-            ) from None
-        except (jinja2.TemplateError, RecursionError, MemoryError, ValueError, TypeError) as e:
-            raise ChatTemplateError(f"the chat template cannot be compiled: {_one_line(e)}") from None
+        self.isolate = isolate
         self._control_re = None
+        if isolate:
+            _Worker.call("compile", source, None, time_limit)  # refuse a template that does not compile, now
+        else:
+            self._template = compile_template(source)
 
     # -- rendering --
 
-    def render(
-        self,
-        messages,
-        *,
-        tools=None,
-        documents=None,
-        add_generation_prompt: bool = False,
-        mark: bool = False,
-        **kwargs,
-    ) -> str:
+    def render(self, messages, *, tools=None, documents=None, add_generation_prompt: bool = False,
+               mark: bool = False, **kwargs) -> str:
         """The template's text for `messages` (a list of {"role", "content", ...} dicts). `tools` (JSON
         schemas, OpenAI style), `documents`, `add_generation_prompt` and any other keyword (e.g.
         enable_thinking) reach the template as transformers passes them; bos_token / eos_token come from
@@ -361,65 +476,22 @@ class ChatTemplate:
             isinstance(documents, (list, tuple)) and all(isinstance(d, Mapping) for d in documents)
         ):
             raise ChatTemplateError("documents must be a list of objects")
-        messages = _alias_reasoning(plain_data(list(messages)))
-        tools, documents, kwargs = plain_data(tools), plain_data(documents), plain_data(kwargs)
-        if mark:
-            messages, tools, documents, kwargs = (self._mark(x) for x in (messages, tools, documents, kwargs))
-        context = {**self.special_tokens, **kwargs}
-        return self._run(
-            messages=messages,
-            tools=tools,
-            documents=documents,
-            add_generation_prompt=bool(add_generation_prompt),
-            **context,
-        )
-
-    def _run(self, **context) -> str:
-        deadline = time.monotonic() + self.time_limit
-
-        def trace_lines(frame, event, arg):
-            if time.monotonic() > deadline:
-                raise _Timeout
-            return trace_lines
-
-        def trace_calls(frame, event, arg):
-            # only the template's own code is traced line by line (its loops and macros); filters and
-            # Python's own functions run untraced
-            return trace_lines if frame.f_code.co_filename == "<template>" else None
-
-        previous = sys.gettrace()
-        sys.settrace(trace_calls)
         try:
-            out, n = [], 0
-            for piece in self._template.generate(**context):
-                n += len(piece)
-                if n > MAX_OUTPUT:
-                    raise ChatTemplateError(f"the chat template's output passed {MAX_OUTPUT} characters")
-                out.append(piece)
-            return "".join(out)
+            messages = _alias_reasoning(plain_data(list(messages)))
+            tools, documents, kwargs = plain_data(tools), plain_data(documents), plain_data(kwargs)
+            if mark:
+                messages, tools, documents, kwargs = (self._mark(x) for x in (messages, tools, documents, kwargs))
         except ChatTemplateError:
             raise
-        except _Timeout:
-            raise ChatTemplateError(
-                f"the chat template ran for more than {self.time_limit:g} s (an endless or enormous loop?)"
-            ) from None
         except RecursionError:
-            raise ChatTemplateError("the chat template recursed too deeply") from None
-        except MemoryError:
-            raise ChatTemplateError("the chat template ran out of memory") from None
-        except jinja2.exceptions.SecurityError as e:
-            raise ChatTemplateError(
-                f"the chat template did something unsafe, refused: {_one_line(e)}"
-            ) from None
-        except (
-            Exception
-        ) as e:  # TemplateError (raise_exception, undefined), or a Python error inside a filter
-            line = _template_line(e.__traceback__)
-            where = f" (line {line})" if line else ""
-            kind = "" if isinstance(e, jinja2.TemplateError) else f"{type(e).__name__}: "
-            raise ChatTemplateError(f"the chat template failed{where}: {kind}{_one_line(e)}") from None
-        finally:
-            sys.settrace(previous)
+            raise ChatTemplateError("the messages are nested too deeply") from None
+        except Exception as e:  # a Mapping whose items() raises, a value that will not convert
+            raise ChatTemplateError(f"the messages cannot be read: {type(e).__name__}: {_one_line(e)}") from None
+        context = {**self.special_tokens, **kwargs, "messages": messages, "tools": tools, "documents": documents,
+                   "add_generation_prompt": bool(add_generation_prompt)}
+        if self.isolate:
+            return _Worker.call("render", self.source, context, self.time_limit)
+        return render_compiled(self._template, context, self.time_limit)
 
     # -- control tokens in user input --
 
@@ -429,7 +501,10 @@ class ChatTemplate:
         tok = self.tokenizer
         if tok is None:
             return ()
-        literal = template_literal_text(self.source)
+        if self.isolate:
+            literal = _Worker.call("literals", self.source, None, self.time_limit)
+        else:
+            literal = template_literal_text(self.source)
         user = [
             t
             for t in tok.added_tokens()

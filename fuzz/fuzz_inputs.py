@@ -259,7 +259,8 @@ def run_template(data: bytes) -> None:
     from clover_cpu.chat import ChatTemplate, ChatTemplateError
 
     try:
-        tpl = ChatTemplate(data.decode("utf-8", errors="replace"), time_limit=0.2)
+        # in this process, so that the fuzzer sees the sandbox's code (run --chat renders in a process of its own)
+        tpl = ChatTemplate(data.decode("utf-8", errors="replace"), time_limit=0.2, isolate=False)
         tpl.render(FUZZ_MESSAGES, tools=FUZZ_TOOLS, add_generation_prompt=True, mark=True, enable_thinking=False)
     except ChatTemplateError:
         pass

@@ -153,6 +153,18 @@ HOSTILE = {
     "format_bomb": "{{ '%1000000000s' % 'x' }}{{ '{:>1000000000}'.format('x') }}",
     "join_bomb": "{{ range(60000) | join('x' * 60000) }}",
     "range_bomb": "{{ range(1000000000) | list | length }}",
+    "nested_blocks": "{% for i in [1] %}" * 21 + "x" + "{% endfor %}" * 21,  # Python's compiler limits
+    "nested_ifs": "{% if true %}" * 101 + "x" + "{% endif %}" * 101,
+    "break_outside_loop": "{% break %}",
+    "keyed_format_width": "{{ '%(a)1000000000s' % {'a': 'x'} }}",
+    "nested_format_width": "{{ '{0:{1}}'.format('x', '1000000000') }}",
+    "nested_list_tojson": "{% set a = range(65536) | list %}{{ ([a] * 65536) | tojson }}",
+    "nested_list_print": "{% set a = range(65536) | list %}{{ [a] * 65536 }}",
+    "quadratic_sum": "{% set a = range(65536) | list %}{{ ([a] * 65536) | sum(start=[]) }}",
+    "one_long_c_call": "{{ (('<>' * 65536) * 32) | striptags }}",
+    "block_set_doubling": "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s %}{{ ns.s }}"
+                          "{{ ns.s }}{% endset %}{% endfor %}",
+    "translate_bomb": "{{ ('a' * 65536).translate({97: 'x' * 65536}) }}",
     "raises": "{{ raise_exception('this template refuses') }}",
     "syntax": "{% for %}",
     "undefined_call": "{{ no_such_function() }}",
@@ -173,6 +185,33 @@ def test_hostile_templates(name, tmp_path, monkeypatch):
     else:  # rendering is allowed only where the sandbox turned the attack into nothing
         assert "class" not in out and "function" not in out, out
     assert not (tmp_path / "MARKER").exists()
+
+
+def test_parent_memory_stays_small():
+    """The bombs above run in the template process: this one does not grow by their gigabytes."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for name in ("nested_list_print", "translate_bomb", "block_set_doubling"):
+        with pytest.raises(ChatTemplateError):
+            ChatTemplate(HOSTILE[name], time_limit=0.5).render([{"role": "user", "content": "hi"}])
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 << 10  # KiB
+
+
+def test_inputs_that_do_not_convert():
+    deep = "x"
+    for _ in range(3000):
+        deep = [deep]
+    tpl = ChatTemplate("{{ messages }}")
+    with pytest.raises(ChatTemplateError, match="nested too deeply"):
+        tpl.render([{"role": "user", "content": deep}])
+
+    class Bad(dict):
+        def items(self):
+            raise KeyError("boom")
+
+    with pytest.raises(ChatTemplateError, match="cannot be read"):
+        tpl.render([Bad(role="user")])
 
 
 def test_time_limit_is_per_render():
