@@ -35,7 +35,9 @@ def main() -> int:
     chat = _load_chat()
     extra = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 30
     vm = _vm_bytes()
-    if vm:  # (Linux: where the limit is enforced and /proc tells the start)
+    # (Linux: where the limit is enforced and /proc tells the start; not under a sanitizer's runtime, which
+    # reserves terabytes of address space at start and maps more as it goes)
+    if 0 < vm < 1 << 40:
         resource.setrlimit(resource.RLIMIT_AS, (vm + extra, vm + extra))
     cache = {}  # source -> compiled template (the last few)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
