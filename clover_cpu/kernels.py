@@ -22,12 +22,12 @@ def row_bytes(fmt: str, k: int) -> int:
     return k // t["block_size"] * t["block_bytes"]
 
 
-def quantize(x: np.ndarray, fmt: str, *, bf16: bool = False) -> np.ndarray:
+def quantize(x: np.ndarray, fmt: str, *, bf16: bool = False, imatrix: np.ndarray | None = None) -> np.ndarray:
     """[rows, k] -> uint8 [rows, row_bytes] in GGUF block layout (all threads).
 
     x is float32, float16, or (bf16=True) uint16 holding bf16 bits, widened on the worker threads.
     """
-    return _core.quantize(x, fmt, bf16=bf16)
+    return _core.quantize(x, fmt, bf16=bf16, imatrix=imatrix)
 
 
 def dequantize(data: np.ndarray, fmt: str) -> np.ndarray:

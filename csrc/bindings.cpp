@@ -97,8 +97,10 @@ ExpertsView experts_view(const py::array& w, const TypeInfo& ti, const char* wha
 }
 
 // x: float32 rows, or float16 rows, or bf16 rows as uint16 (bf16=True); widened per row chunk on
-// the worker threads, so a converter can hand over raw checkpoint bytes.
-py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type, bool bf16) {
+// the worker threads, so a converter can hand over raw checkpoint bytes. imatrix: the tensor's importance
+// matrix (float32 [k], llama-imatrix's), for the types whose quantizers take one (takes_imatrix), or None.
+py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type, bool bf16,
+                                 const std::optional<py::array>& imatrix) {
     const TypeInfo& ti = parse_type(type);
     if (ti.type == Type::Q4_K_R16) fail("q4_k_r16 is a layout made from q4_k weights (repack_q4_k_r16), not a format to quantize to");
     if (!has_quantizer(ti.type)) fail(std::string("clover-cpu has no quantizer for ") + ti.name + " (it reads and multiplies it)");
@@ -118,6 +120,23 @@ py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type, bo
     if (k % ti.block_size != 0)
         fail("row length " + std::to_string(k) + " is not a multiple of the " + ti.name + " block size " +
              std::to_string(ti.block_size));
+    const float* qw = nullptr;
+    if (imatrix) {
+        if (!takes_imatrix(ti.type))
+            fail(std::string("the ") + ti.name +
+                 " quantizer takes no importance matrix (q2_k, q3_k, iq4_nl and iq4_xs do)");
+        check_array<float>(*imatrix, "imatrix", 1, "float32");
+        if (imatrix->shape(0) != k)
+            fail("imatrix has " + std::to_string(imatrix->shape(0)) + " values for rows of " + std::to_string(k));
+        qw = (const float*)imatrix->data();
+    }
+    // (the chunks' rows are independent: the importance matrix is per column)
+    auto quant = [&](const float* s, uint8_t* d, int64_t n) {
+        if (qw)
+            quantize_rows_lowbit(ti.type, s, d, n, k, qw);
+        else
+            quantize_rows(ti.type, s, d, n, k);
+    };
     const size_t rb = row_bytes(ti, k);
     py::array_t<uint8_t> out({(py::ssize_t)rows, (py::ssize_t)rb});
     const uint8_t* in = (const uint8_t*)x.data();
@@ -129,13 +148,13 @@ py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type, bo
         pool()->run(n_tasks, [&](int64_t t, int) {
             const int64_t r0 = t * chunk, r1 = std::min(rows, r0 + chunk);
             if (src == F32) {
-                quantize_rows(ti.type, (const float*)in + r0 * k, dst + r0 * rb, r1 - r0, k);
+                quant((const float*)in + r0 * k, dst + r0 * rb, r1 - r0);
                 return;
             }
             std::vector<float> buf((size_t)(r1 - r0) * k);
             const uint16_t* h = (const uint16_t*)in + r0 * k;
             for (size_t i = 0; i < buf.size(); i++) buf[i] = src == F16 ? fp16_to_f32(h[i]) : bf16_to_f32(h[i]);
-            quantize_rows(ti.type, buf.data(), dst + r0 * rb, r1 - r0, k);
+            quant(buf.data(), dst + r0 * rb, r1 - r0);
         });
     }
     return out;
@@ -706,7 +725,8 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("n"));
     m.def("num_threads", [] { return pool()->size(); });
-    m.def("quantize", &py_quantize, py::arg("x"), py::arg("type"), py::kw_only(), py::arg("bf16") = false);
+    m.def("quantize", &py_quantize, py::arg("x"), py::arg("type"), py::kw_only(), py::arg("bf16") = false,
+          py::arg("imatrix") = py::none());
     m.def("set_fast_quant_search", &set_fast_quant_search, py::arg("fast"),
           "k-quant quantizers: True = the active ISA's search (default), False = the scalar reference");
     m.def("dequantize", &py_dequantize, py::arg("data"), py::arg("type"));

@@ -470,7 +470,8 @@ const TypeInfo* type_info(int32_t type_id) {
 bool has_quantizer(Type t) {
     switch (t) {
         case Type::F32: case Type::F16: case Type::BF16: case Type::Q8_0: case Type::Q4_0: case Type::Q4_K:
-        case Type::Q5_K: case Type::Q6_K: case Type::Q4_1: case Type::Q5_0: case Type::Q5_1:
+        case Type::Q5_K: case Type::Q6_K: case Type::Q4_1: case Type::Q5_0: case Type::Q5_1: case Type::Q2_K:
+        case Type::Q3_K: case Type::IQ4_NL: case Type::IQ4_XS:
             return true;
         default:
             return false;

@@ -10,15 +10,33 @@ namespace clover {
 
 // Quantize n_rows rows of k floats (k a multiple of the block size) into dst. Matches
 // gguf.quants byte for byte for Q8_0, Q4_0, F16 and BF16, and ggml's reference quantizers
-// (quantize_row_*_ref) for Q4_K, Q5_K and Q6_K.
+// (quantize_row_*_ref) for Q4_K, Q5_K and Q6_K; Q2_K, Q3_K, IQ4_NL and IQ4_XS as ggml_quantize_chunk
+// without an importance matrix (quantize_rows_lowbit).
 void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t k);
 
-// Whether quantize_rows can write type t (every format dequantizes; the i-quants and q2_K / q3_K have no
-// quantizer here yet).
+// Whether quantize_rows can write type t (every format dequantizes; IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS
+// and MXFP4 have no quantizer here yet).
 bool has_quantizer(Type t);
 // The low-bit and legacy formats (quants_lowbit.cpp): false for a type they do not handle.
 bool dequantize_row_lowbit(Type t, const uint8_t* x, float* y, int64_t k);
 bool quantize_row_lowbit(Type t, const float* x, uint8_t* y, int64_t k);
+
+// Q2_K, Q3_K, IQ4_NL and IQ4_XS (quants_kquant_low.cpp): nrow rows of n_per_row floats (a multiple of the
+// block size) into dst, byte for byte as llama.cpp b11434's ggml_quantize_chunk writes them (quantize_q2_K,
+// quantize_q3_K, quantize_iq4_nl, quantize_iq4_xs). quant_weights: the importance matrix row for this
+// tensor (n_per_row floats, the same for every row) or nullptr. False for a type it does not handle.
+bool quantize_rows_lowbit(Type t, const float* src, uint8_t* dst, int64_t nrow, int64_t n_per_row,
+                          const float* quant_weights);
+// Whether quantize_rows_lowbit handles t (the types here whose quantizers use an importance matrix).
+bool takes_imatrix(Type t);
+
+// Round to nearest, ties to even, via the float mantissa (ggml's nearest_int; |f| <= 2^22).
+inline int nearest_int(float f) {
+    const float v = f + 12582912.f;
+    int32_t i;
+    std::memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
 
 // Dequantize n_rows rows of k weights into fp32 (q4_K_r16: n_rows a multiple of 16).
 void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_t k);

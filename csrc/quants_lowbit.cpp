@@ -153,7 +153,7 @@ bool quantize_row_lowbit(Type t, const float* x, uint8_t* y, int64_t k) {
         case Type::Q4_1: quantize_q4_1(x, (block_q4_1*)y, k); return true;
         case Type::Q5_0: quantize_q5_0(x, (block_q5_0*)y, k); return true;
         case Type::Q5_1: quantize_q5_1(x, (block_q5_1*)y, k); return true;
-        default: return false;
+        default: return quantize_rows_lowbit(t, x, y, 1, k, nullptr);  // Q2_K, Q3_K, IQ4_NL, IQ4_XS
     }
 }
 

@@ -36,6 +36,7 @@ finish() {
 }
 build quants "$src/quants.cpp" ""
 build quants_lowbit "$src/quants_lowbit.cpp" ""
+build quants_kquant_low "$src/quants_kquant_low.cpp" ""
 build quants_avx2 "$src/quants_avx2.cpp" "$avx2"
 finish
 build kernels_ref "$src/kernels_ref.cpp" ""

@@ -7,8 +7,8 @@ aarch64_objects() {
   shift 3
   local flags=(-std=c++17 -O3 -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Werror -DCLOVER_HAVE_NEON
                -I"$root/csrc" -pthread)
-  local sources=(csrc/quants.cpp csrc/quants_lowbit.cpp csrc/kernels_ref.cpp csrc/kernels_neon.cpp csrc/dispatch.cpp csrc/ops.cpp
-                 csrc/model_ops.cpp csrc/model_ops_neon.cpp csrc/threadpool.cpp "$@")
+  local sources=(csrc/quants.cpp csrc/quants_lowbit.cpp csrc/quants_kquant_low.cpp csrc/kernels_ref.cpp csrc/kernels_neon.cpp
+                 csrc/dispatch.cpp csrc/ops.cpp csrc/model_ops.cpp csrc/model_ops_neon.cpp csrc/threadpool.cpp "$@")
   local pids=() src pid
   for src in "${sources[@]}"; do
     "$cxx" "${flags[@]}" -c "$root/$src" -o "$out/$(basename "$src" .cpp).o" &
