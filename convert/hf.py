@@ -24,14 +24,19 @@ import numpy as np
 
 from .config import ModelConfig, load_config
 from .errors import ConvertError
+from .recipes import FTYPES, LlamaRecipe
 from .safetensors_lazy import LazyTensor, close_files, open_checkpoint
 from .tokenizer import SPM_MODEL_KEY, Vocab, read_tokenizer
 
-OUT_TYPES = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
+OUT_TYPES = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "iq4_xs", "iq4_nl", "q3_k_m", "q2_k")
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18,
-             "bf16": 32}  # llama.cpp LlamaFileType
-GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14, "bf16": 30}
-BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
+             "bf16": 32, **FTYPES}  # llama.cpp LlamaFileType
+GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q2_k": 10, "q3_k": 11,
+             "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_nl": 20, "iq4_xs": 23, "bf16": 30}
+BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32,
+         "q4_k": 256, "q5_k": 256, "q6_k": 256, "q2_k": 256, "q3_k": 256, "iq4_xs": 256}
+# the formats whose quantizers take an importance matrix (llama-quantize also uses one for q4_K..q6_K)
+IMATRIX_TYPES = {"q2_k", "q3_k", "iq4_nl", "iq4_xs"}
 CHUNK_VALUES = 1 << 24  # float32 values per work chunk (64 MB): bounds the converter's memory
 
 
@@ -268,6 +273,13 @@ def tensor_type(plan: TensorPlan, out_type: str, n_layer: int) -> str:
 
 
 RECIPE_TEXT = {
+    "q3_k_m": "q3_k_m: llama-quantize's Q3_K_M (Q3_K; attn_v / attn_qkv Q5_K for the first two then Q4_K, ffn_down "
+    "Q4_K (Q5_K in the first 16th of the layers), attn_output Q4_K, output Q6_K)",
+    "q2_k": "q2_k: llama-quantize's Q2_K (Q2_K; ffn_down and attn_output Q3_K, attn_v / attn_qkv Q4_K with 4+ "
+    "query heads per KV head, output Q6_K)",
+    "iq4_xs": "iq4_xs: llama-quantize's IQ4_XS (attn_v / attn_qkv Q5_K with 4+ query heads per KV head, ffn_down "
+    "Q5_K in the first 8th of the layers without an importance matrix, output Q6_K)",
+    "iq4_nl": "iq4_nl: llama-quantize's IQ4_NL (as iq4_xs, with IQ4_NL's 32-value blocks)",
     "q4_k_m": "q4_k_m: experts, projections and embeddings Q4_K; LM head Q6_K; attn_v, ffn_down_exps and "
     "ffn_down_shexp Q6_K in the first and last eighth of the layers and every third layer between; "
     "norms, routers, shared-expert gates, ssm_a, ssm_dt and conv weights F32",
@@ -469,10 +481,13 @@ class ReadAhead:
 
 
 def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threads: int = 0, force: bool = False,
-            log=print, progress: bool = True, mtp: bool = True, split_max_size: int = 0) -> dict:
+            log=print, progress: bool = True, mtp: bool = True, split_max_size: int = 0,
+            imatrix: str | Path | None = None) -> dict:
     """Convert the checkpoint folder src into the GGUF file out. Returns a summary dict. mtp: keep a
     multi-token-prediction head (as llama.cpp's converter does; False: leave it out). split_max_size: write
-    parts of at most this many bytes of tensor data, llama.cpp's split format (OUT-00001-of-0000K.gguf)."""
+    parts of at most this many bytes of tensor data, llama.cpp's split format (OUT-00001-of-0000K.gguf).
+    imatrix: llama.cpp's importance matrix (llama-imatrix's GGUF or legacy .dat) for the q2_K, q3_K and iq4
+    tensors of the low-bit recipes."""
     from clover_cpu import kernels, set_num_threads
 
     src, out = Path(src), Path(out)
@@ -506,12 +521,29 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
             f"{', mtp.*' if any(n.startswith(('mtp.', 'model.mtp.')) for n in skipped) else ''})")
     if unknown:
         log(f"note: ignoring {len(unknown)} unexpected tensors, e.g. {unknown[0]}")
-    types = {p.name: tensor_type(p, out_type, c.n_layer) for p in plans}
+    imat = None
+    if imatrix is not None:
+        from .imatrix import load_imatrix
+
+        imat = load_imatrix(imatrix)
+        log(f"imatrix: {len(imat)} entries from {Path(imatrix).name}")
+    if out_type in FTYPES:
+        # llama-quantize's per-tensor choice for this recipe, counters in file order (convert/recipes.py)
+        rec = LlamaRecipe(out_type, [p.name for p in plans], c.n_layer + n_mtp, c.n_expert, c.n_head // c.n_head_kv,
+                          imat is not None)
+        types = {}
+        for p in plans:
+            kept = "f32" if (p.kind in F32_KINDS or len(p.shape) == 1) else "f16"
+            n_dims = len(p.shape) - next((i for i, d in enumerate(p.shape) if d != 1), len(p.shape))  # ggml_n_dims
+            types[p.name] = rec.type_of(p.name, max(1, n_dims), p.row_len, kept)
+    else:
+        types = {p.name: tensor_type(p, out_type, c.n_layer) for p in plans}
     parts = split_plan(plans, types, split_max_size)
     log(f"model: {c.model_type} -> {c.arch}, {c.n_layer} layers, hidden {c.n_embd}, {c.n_expert} experts "
         f"(top {c.n_expert_used}), vocab {c.vocab_size}")
     log("recipe: " + RECIPE_TEXT.get(out_type, f"{out_type} for 2-D weights; norms, routers, ssm_a, ssm_dt, conv F32"))
-    fallbacks = sorted({p.name for p in plans if types[p.name] not in (out_type, "f32", K_MIX.get(out_type), "q6_k")})
+    fallbacks = [] if out_type in FTYPES else sorted(
+        {p.name for p in plans if types[p.name] not in (out_type, "f32", K_MIX.get(out_type), "q6_k")})
     if fallbacks:
         log(f"note: {len(fallbacks)} tensors have rows that are not whole {out_type} blocks and use "
             f"{', '.join(sorted({types[n] for n in fallbacks}))} instead (e.g. {fallbacks[0]})")
@@ -562,10 +594,14 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
                 t = types[p.name]
                 w.write_padding(f, f.tell())
                 written = 0
+                weights = imatrix_rows(imat, p, t)
+                row = 0
                 for x, dtype in reader.chunks(i):
-                    q = kernels.quantize(x, t, bf16=dtype == "BF16")
-                    q.tofile(f)
-                    written += q.nbytes
+                    for a, b, wq in imatrix_spans(weights, row, x.shape[0]):
+                        q = kernels.quantize(x[a:b], t, bf16=dtype == "BF16", **({"imatrix": wq} if wq is not None else {}))
+                        q.tofile(f)
+                        written += q.nbytes
+                    row += x.shape[0]
                     if bar:
                         bar.update(nbytes=x.size * p.src_bytes // max(1, p.n_rows * p.row_len), name=p.name)
                 expect = p.n_rows * kernels.row_bytes(t, p.row_len)
@@ -610,6 +646,34 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
         f"{n_params / 1e9:.3f}B parameters, {bpw:.2f} bits per weight, {size / 1e9:.2f} GB")
     return {"tensors": len(plans), "types": types, "bits_per_weight": bpw, "params": n_params, "path": str(outs[0]),
             "parts": [str(o) for o in outs], "mtp_layers": n_mtp}
+
+
+def imatrix_rows(imat: dict | None, p: TensorPlan, t: str):
+    """The importances for tensor p in type t: (rows per expert, [n_expert, row_len] float32) or None (no
+    matrix, no entry, or a type whose quantizer takes none)."""
+    if imat is None or t not in IMATRIX_TYPES or p.name not in imat:
+        return None
+    v = imat[p.name]
+    n_expert = p.shape[0] if len(p.shape) == 3 else 1
+    if v.size != n_expert * p.row_len:
+        raise ConvertError(f"the importance matrix has {v.size} values for {p.name}, which needs "
+                           f"{n_expert} x {p.row_len}: it was made for another model")
+    return p.n_rows // n_expert, v.reshape(n_expert, p.row_len)
+
+
+def imatrix_spans(weights, row0: int, n: int):
+    """Rows [0, n) of a chunk that starts at tensor row row0, cut where the expert changes: (a, b, the
+    expert's importances or None)."""
+    if weights is None:
+        yield 0, n, None
+        return
+    per, table = weights
+    a = 0
+    while a < n:
+        e = (row0 + a) // per
+        b = min(n, (e + 1) * per - row0)
+        yield a, b, np.ascontiguousarray(table[e])
+        a = b
 
 
 def split_plan(plans: list[TensorPlan], types: dict[str, str], max_bytes: int) -> list[list[TensorPlan]]:

@@ -15,14 +15,6 @@ namespace {
 
 constexpr float GROUP_MAX_EPS = 1e-15f;  // ggml-quants.c: a group below this is all zero
 
-// Round to nearest, ties to even, via the float mantissa (ggml's nearest_int; |f| <= 2^22).
-inline int nearest_int(float f) {
-    const float v = f + 12582912.f;
-    int32_t i;
-    std::memcpy(&i, &v, 4);
-    return (i & 0x007fffff) - 0x00400000;
-}
-
 // numpy's np_roundf in gguf.quants: round half away from zero.
 inline float round_away(float x) { return std::round(x); }
 
@@ -89,7 +81,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
         const int l = nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)std::max(0, std::min(nmax, l));
         const float diff = scale * L[i] + min - x[i];
-        best_error += weights[i] * diff * diff;
+        best_error += weights[i] * (diff * diff);  // (ggml b11434 squares first)
     }
     for (int is = 0; is <= nstep; ++is) {
         iscale = (rmin + rdelta * is + nmax) / (max - min);
@@ -114,7 +106,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
             float cur_error = 0;
             for (int i = 0; i < n; ++i) {
                 const float diff = this_scale * Laux[i] + this_min - x[i];
-                cur_error += weights[i] * diff * diff;
+                cur_error += weights[i] * (diff * diff);
             }
             if (cur_error < best_error) {
                 std::memcpy(L, Laux, n);

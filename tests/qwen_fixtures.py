@@ -143,7 +143,8 @@ def add_mtp_head(folder: Path, seed: int = 7) -> None:
     it: config mtp_num_hidden_layers = 1 and mtp.* tensors (fc, the two norms before it, a full-attention
     decoder layer with its MoE, a final norm), in a second safetensors file listed in the index."""
     import numpy as np
-    from safetensors.numpy import load_file, save_file
+    import torch
+    from safetensors.torch import load_file, save_file
 
     cfg_path = folder / "config.json"
     cfg = json.loads(cfg_path.read_text())
@@ -152,7 +153,7 @@ def add_mtp_head(folder: Path, seed: int = 7) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2))
     rng = np.random.default_rng(seed)
     H = text["hidden_size"]
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(f for f in folder.glob("*.safetensors") if f.name != "model-mtp.safetensors")
     weights = {}
     for f in files:
         weights.update(load_file(f))
@@ -160,15 +161,18 @@ def add_mtp_head(folder: Path, seed: int = 7) -> None:
     interval = text.get("full_attention_interval", 4)
     prefix = next(p for p in ("model.language_model.layers.", "model.layers.") if any(k.startswith(p) for k in weights))
     src = f"{prefix}{interval - 1}."
+    dt = next(iter(weights.values())).dtype
+
+    def rand(shape, std):
+        return torch.from_numpy((rng.standard_normal(shape) * std).astype(np.float32)).to(dt)
+
     mtp = {}
     for k, v in weights.items():
         if k.startswith(src):
-            vals = rng.standard_normal(v.shape).astype(np.float32) * (0.1 if v.ndim == 1 else 0.05)
-            mtp["mtp.layers.0." + k[len(src):]] = vals.astype(v.dtype)
-    dt = next(iter(weights.values())).dtype
-    mtp["mtp.fc.weight"] = (rng.standard_normal((H, 2 * H)) * 0.05).astype(dt)
+            mtp["mtp.layers.0." + k[len(src):]] = rand(tuple(v.shape), 0.1 if v.ndim == 1 else 0.05)
+    mtp["mtp.fc.weight"] = rand((H, 2 * H), 0.05)
     for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        mtp[f"mtp.{n}.weight"] = (rng.standard_normal(H) * 0.1).astype(dt)
+        mtp[f"mtp.{n}.weight"] = rand((H,), 0.1)
     save_file(mtp, str(folder / "model-mtp.safetensors"))
     index = folder / "model.safetensors.index.json"
     wmap = json.loads(index.read_text())["weight_map"] if index.exists() else {k: files[0].name for k in weights}

@@ -22,8 +22,13 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="the GGUF file to write")
     p.add_argument("--type", default="q4_k_m", choices=OUT_TYPES,
                    help="weight format, largest first (default: q4_k_m, llama.cpp's 4-bit recipe; q5_k_m its 5-bit "
-                   "one; norms and small tensors stay f32)")
+                   "one; iq4_xs, iq4_nl, q3_k_m and q2_k llama-quantize's recipes for small machines (the 35B model "
+                   "in ~15 GB at q3_k_m); norms and small tensors stay f32)")
     p.add_argument("--threads", type=int, default=0, help="quantization threads (default: one per physical core)")
+    p.add_argument("--imatrix", metavar="FILE", default=None,
+                   help="llama.cpp's importance matrix (from llama-imatrix: GGUF or legacy .dat) for the q2_k, q3_k_m, "
+                   "iq4_xs and iq4_nl recipes: their low-bit tensors are quantized to keep the columns it weighs "
+                   "most")
     p.add_argument("--no-mtp", action="store_true",
                    help="leave out a multi-token-prediction head (mtp.* tensors of Qwen3.5 checkpoints); by default it "
                    "is kept as llama.cpp's converter keeps it (an extra block that decoding does not run)")
@@ -57,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr))
     try:
         convert(args.src, args.output, out_type=args.type, threads=args.threads, force=args.force,
-                log=log, progress=not args.quiet, mtp=not args.no_mtp, split_max_size=split)
+                log=log, progress=not args.quiet, mtp=not args.no_mtp, split_max_size=split, imatrix=args.imatrix)
     except ConvertError as e:
         print(f"clover-cpu convert: error: {e}", file=sys.stderr)
         return 2
