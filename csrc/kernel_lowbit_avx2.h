@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <array>
+#include <utility>
 
 #include "lowbit.h"
 
@@ -58,7 +59,6 @@ inline __m256i lookup16(__m256i nib, const int8_t* table) {
     return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib);
 }
 
-inline __m256i scale_pair(int16_t a, int16_t b) { return _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a)); }
 
 // ---- super-blocks of 256: one unpacker per format ----
 // prepare(block, pre): per super-block and row, what every vector needs (decoded scales, d).
@@ -66,21 +66,33 @@ inline __m256i scale_pair(int16_t a, int16_t b) { return _mm256_set_m128i(_mm_se
 // scales of its two groups of 16.
 
 struct PreScales {
-    int16_t sc[16];
-    float d;  // d * factor
+    __m256i sc;  // the 16 groups' int16 scales
+    float d;     // d * factor
 };
+
+inline void set_scales(PreScales& p, const int16_t sc[16]) { p.sc = _mm256_loadu_si256((const __m256i*)sc); }
+
+// The scales of vector v's two groups (2 v, 2 v + 1), each in 8 int16 lanes of its 128-bit half: the dword
+// holding the pair to every lane, then each half its own word.
+template <int v>
+inline __m256i scale_pair(const PreScales& p) {
+    const __m256i pair = _mm256_permutevar8x32_epi32(p.sc, _mm256_set1_epi32(v));
+    return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3,
+                                                      2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+}
 
 struct LowQ2K {
     using Block = block_q2_K;
-    static constexpr bool SIGNED = false, MINS = true;
+    static constexpr bool SIGNED = false, MINS = true, OFFSET = false;
     static void prepare(const Block& b, PreScales& p) {
-        for (int g = 0; g < 16; g++) p.sc[g] = b.scales[g] & 0xf;
-        p.d = fp16_to_f32(b.d);
+        p.sc = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i*)b.scales), _mm_set1_epi8(0x0f)));
+        p.d = _cvtsh_ss(b.d);
     }
-    static void vec(const Block& b, const PreScales& p, int v, __m256i& mag, __m256i&, __m256i& sc) {
+    template <int v>
+    static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i&, __m256i& sc) {
         const __m256i q = _mm256_loadu_si256((const __m256i*)(b.qs + 32 * (v / 4)));
         mag = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (v % 4)), _mm256_set1_epi8(3));
-        sc = scale_pair(p.sc[2 * v], p.sc[2 * v + 1]);
+        sc = scale_pair<v>(p);
     }
     // sum_g min_g * bsum_g
     static int32_t mins(const Block& b, const block_q8_K& x) {
@@ -93,53 +105,67 @@ struct LowQ2K {
 };
 
 struct LowQ3K {
+    // q = u - 4 with u = low 2 bits | high bit << 2 in 0..7: vpmaddubsw takes u as it is (no sign juggling), and
+    // the -4 comes back once per super-block through the q8_K group sums (OFFSET: 4 sum_g scale_g bsum_g)
     using Block = block_q3_K;
-    static constexpr bool SIGNED = true, MINS = false;
+    static constexpr bool SIGNED = false, MINS = false, OFFSET = true;
     static void prepare(const Block& b, PreScales& p) {
-        int8_t sc[16];
-        decode_scales_q3_K(b.scales, sc);
-        for (int g = 0; g < 16; g++) p.sc[g] = sc[g];
-        p.d = fp16_to_f32(b.d);
+        // decode_scales_q3_K by 32-bit words: scales 4k..4k+3 in word k
+        uint32_t a[3];
+        std::memcpy(a, b.scales, 12);
+        constexpr uint32_t m2 = 0x0f0f0f0f, m1 = 0x03030303;
+        const __m128i s8 = _mm_setr_epi32((int)((a[0] & m2) | ((a[2] & m1) << 4)),
+                                          (int)((a[1] & m2) | (((a[2] >> 2) & m1) << 4)),
+                                          (int)(((a[0] >> 4) & m2) | (((a[2] >> 4) & m1) << 4)),
+                                          (int)(((a[1] >> 4) & m2) | (((a[2] >> 6) & m1) << 4)));
+        p.sc = _mm256_cvtepi8_epi16(_mm_sub_epi8(s8, _mm_set1_epi8(32)));
+        p.d = _cvtsh_ss(b.d);
     }
-    static void vec(const Block& b, const PreScales& p, int v, __m256i& mag, __m256i& sgn, __m256i& sc) {
+    template <int v>
+    static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i&, __m256i& sc) {
         const __m256i q = _mm256_loadu_si256((const __m256i*)(b.qs + 32 * (v / 4)));
         const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (v % 4)), _mm256_set1_epi8(3));
         const __m256i hm = _mm256_loadu_si256((const __m256i*)b.hmask);
         const __m256i h = _mm256_and_si256(_mm256_srli_epi16(hm, v), _mm256_set1_epi8(1));
-        sgn = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(h, 2)), _mm256_set1_epi8(4));
-        mag = _mm256_abs_epi8(sgn);
-        sc = scale_pair(p.sc[2 * v], p.sc[2 * v + 1]);
+        mag = _mm256_or_si256(lo, _mm256_slli_epi16(h, 2));
+        sc = scale_pair<v>(p);
     }
 };
 
 struct LowIQ4XS {
     using Block = block_iq4_xs;
-    static constexpr bool SIGNED = true, MINS = false;
+    static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
     static void prepare(const Block& b, PreScales& p) {
         int8_t ls[8];
         decode_scales_iq4_xs(b, ls);
-        for (int j = 0; j < 8; j++) p.sc[2 * j] = p.sc[2 * j + 1] = ls[j];
-        p.d = fp16_to_f32(b.d);
+        int16_t sc[16];
+        for (int j = 0; j < 8; j++) sc[2 * j] = sc[2 * j + 1] = ls[j];
+        set_scales(p, sc);
+        p.d = _cvtsh_ss(b.d);
     }
-    static void vec(const Block& b, const PreScales& p, int v, __m256i& mag, __m256i& sgn, __m256i& sc) {
+    template <int v>
+    static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
         sgn = lookup16(nibbles_32(b.qs + 16 * v), kvalues_iq4nl);
         mag = _mm256_abs_epi8(sgn);
-        sc = _mm256_set1_epi16(p.sc[2 * v]);
+        sc = scale_pair<v>(p);
     }
 };
 
 struct LowIQ2XXS {
     using Block = block_iq2_xxs;
-    static constexpr bool SIGNED = true, MINS = false;
+    static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
     static void prepare(const Block& b, PreScales& p) {
+        int16_t sc[16];
         for (int ib = 0; ib < 8; ib++) {
             uint32_t aux1;
             std::memcpy(&aux1, b.qs + 4 * ib + 2, 4);
-            p.sc[2 * ib] = p.sc[2 * ib + 1] = (int16_t)(2 * (aux1 >> 28) + 1);
+            sc[2 * ib] = sc[2 * ib + 1] = (int16_t)(2 * (aux1 >> 28) + 1);
         }
-        p.d = fp16_to_f32(b.d) * 0.125f;
+        set_scales(p, sc);
+        p.d = _cvtsh_ss(b.d) * 0.125f;
     }
-    static void vec(const Block& b, const PreScales& p, int v, __m256i& mag, __m256i& sgn, __m256i& sc) {
+    template <int v>
+    static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
         uint32_t aux0, aux1;
         std::memcpy(&aux0, b.qs + 4 * v, 4);
         std::memcpy(&aux1, b.qs + 4 * v + 2, 4);
@@ -149,36 +175,44 @@ struct LowIQ2XXS {
         const auto& s = signs64();
         sgn = _mm256_set_epi64x((long long)s[(aux1 >> 21) & 127], (long long)s[(aux1 >> 14) & 127],
                                 (long long)s[(aux1 >> 7) & 127], (long long)s[aux1 & 127]);
-        sc = _mm256_set1_epi16(p.sc[2 * v]);
+        sc = scale_pair<v>(p);
     }
 };
 
 struct LowIQ2XS {
     using Block = block_iq2_xs;
-    static constexpr bool SIGNED = true, MINS = false;
+    static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
     static void prepare(const Block& b, PreScales& p) {
-        for (int g = 0; g < 16; g++) p.sc[g] = (int16_t)(2 * ((b.scales[g / 2] >> (4 * (g % 2))) & 0xf) + 1);
-        p.d = fp16_to_f32(b.d) * 0.125f;
+        // 2 s + 1 for the 16 nibbles of scales[8]: nibbles to bytes, then widened
+        const __m128i raw = _mm_loadl_epi64((const __m128i*)b.scales);
+        const __m128i nib = _mm_and_si128(_mm_unpacklo_epi8(raw, _mm_srli_epi16(raw, 4)), _mm_set1_epi8(0x0f));
+        p.sc = _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(nib), 1), _mm256_set1_epi16(1));
+        p.d = _cvtsh_ss(b.d) * 0.125f;
     }
-    static void vec(const Block& b, const PreScales& p, int v, __m256i& mag, __m256i& sgn, __m256i& sc) {
+    template <int v>
+    static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
         const uint16_t* q = b.qs + 4 * v;
         mag = _mm256_set_epi64x((long long)iq2xs_grid[q[3] & 511], (long long)iq2xs_grid[q[2] & 511],
                                 (long long)iq2xs_grid[q[1] & 511], (long long)iq2xs_grid[q[0] & 511]);
         const auto& s = signs64();
         sgn = _mm256_set_epi64x((long long)s[q[3] >> 9], (long long)s[q[2] >> 9], (long long)s[q[1] >> 9],
                                 (long long)s[q[0] >> 9]);
-        sc = scale_pair(p.sc[2 * v], p.sc[2 * v + 1]);
+        sc = scale_pair<v>(p);
     }
 };
 
 struct LowIQ2S {
     using Block = block_iq2_s;
-    static constexpr bool SIGNED = true, MINS = false;
+    static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
     static void prepare(const Block& b, PreScales& p) {
-        for (int g = 0; g < 16; g++) p.sc[g] = (int16_t)(2 * ((b.scales[g / 2] >> (4 * (g % 2))) & 0xf) + 1);
-        p.d = fp16_to_f32(b.d) * 0.125f;
+        // 2 s + 1 for the 16 nibbles of scales[8]: nibbles to bytes, then widened
+        const __m128i raw = _mm_loadl_epi64((const __m128i*)b.scales);
+        const __m128i nib = _mm_and_si128(_mm_unpacklo_epi8(raw, _mm_srli_epi16(raw, 4)), _mm_set1_epi8(0x0f));
+        p.sc = _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(nib), 1), _mm256_set1_epi16(1));
+        p.d = _cvtsh_ss(b.d) * 0.125f;
     }
-    static void vec(const Block& b, const PreScales& p, int v, __m256i& mag, __m256i& sgn, __m256i& sc) {
+    template <int v>
+    static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
         const uint8_t* q = b.qs + 4 * v;
         const int h = b.qh[v];
         mag = _mm256_set_epi64x((long long)iq2s_grid[q[3] | ((h << 2) & 0x300)],
@@ -188,22 +222,25 @@ struct LowIQ2S {
         uint32_t bits;
         std::memcpy(&bits, b.qs + 32 + 4 * v, 4);
         sgn = bits_to_signs(bits);
-        sc = scale_pair(p.sc[2 * v], p.sc[2 * v + 1]);
+        sc = scale_pair<v>(p);
     }
 };
 
 struct LowIQ3XXS {
     using Block = block_iq3_xxs;
-    static constexpr bool SIGNED = true, MINS = false;
+    static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
     static void prepare(const Block& b, PreScales& p) {
+        int16_t sc[16];
         for (int ib = 0; ib < 8; ib++) {
             uint32_t aux;
             std::memcpy(&aux, b.qs + 64 + 4 * ib, 4);
-            p.sc[2 * ib] = p.sc[2 * ib + 1] = (int16_t)(2 * (aux >> 28) + 1);
+            sc[2 * ib] = sc[2 * ib + 1] = (int16_t)(2 * (aux >> 28) + 1);
         }
-        p.d = fp16_to_f32(b.d) * 0.25f;
+        set_scales(p, sc);
+        p.d = _cvtsh_ss(b.d) * 0.25f;
     }
-    static void vec(const Block& b, const PreScales& p, int v, __m256i& mag, __m256i& sgn, __m256i& sc) {
+    template <int v>
+    static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
         const uint8_t* q = b.qs + 8 * v;
         mag = _mm256_set_epi32((int)iq3xxs_grid[q[7]], (int)iq3xxs_grid[q[6]], (int)iq3xxs_grid[q[5]],
                                (int)iq3xxs_grid[q[4]], (int)iq3xxs_grid[q[3]], (int)iq3xxs_grid[q[2]],
@@ -213,19 +250,21 @@ struct LowIQ3XXS {
         const auto& s = signs64();
         sgn = _mm256_set_epi64x((long long)s[(aux >> 21) & 127], (long long)s[(aux >> 14) & 127],
                                 (long long)s[(aux >> 7) & 127], (long long)s[aux & 127]);
-        sc = _mm256_set1_epi16(p.sc[2 * v]);
+        sc = scale_pair<v>(p);
     }
 };
 
 struct LowIQ3S {
     using Block = block_iq3_s;
-    static constexpr bool SIGNED = true, MINS = false;
+    static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
     static void prepare(const Block& b, PreScales& p) {
-        for (int j = 0; j < 8; j++)
-            p.sc[2 * j] = p.sc[2 * j + 1] = (int16_t)(2 * ((b.scales[j / 2] >> (4 * (j % 2))) & 0xf) + 1);
-        p.d = fp16_to_f32(b.d);
+        int16_t sc[16];
+        for (int j = 0; j < 8; j++) sc[2 * j] = sc[2 * j + 1] = (int16_t)(2 * ((b.scales[j / 2] >> (4 * (j % 2))) & 0xf) + 1);
+        set_scales(p, sc);
+        p.d = _cvtsh_ss(b.d);
     }
-    static void vec(const Block& b, const PreScales& p, int v, __m256i& mag, __m256i& sgn, __m256i& sc) {
+    template <int v>
+    static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
         const uint8_t* q = b.qs + 8 * v;
         const int h = b.qh[v];
         mag = _mm256_set_epi32((int)iq3s_grid[q[7] | ((h << 1) & 0x100)], (int)iq3s_grid[q[6] | ((h << 2) & 0x100)],
@@ -235,7 +274,7 @@ struct LowIQ3S {
         uint32_t bits;
         std::memcpy(&bits, b.signs + 4 * v, 4);
         sgn = bits_to_signs(bits);
-        sc = _mm256_set1_epi16(p.sc[2 * v]);
+        sc = scale_pair<v>(p);
     }
 };
 
@@ -243,8 +282,29 @@ template <typename U>
 struct TileLow256 {
     template <int RM, int RN>
     struct T {
+        using Block = typename U::Block;
+
+        // vector V of every row, against every token (V a constant: shifts and shuffles take immediates)
+        template <int V>
+        static void one(const Block* const* w, const PreScales* pre, const block_q8_K* const* x, __m256i (*isum)[RN]) {
+            __m256i mag[RM], sgn[RM], sc[RM];
+            for (int r = 0; r < RM; r++) U::template vec<V>(*w[r], pre[r], mag[r], sgn[r], sc[r]);
+            for (int t = 0; t < RN; t++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i*)(x[t]->qs + 32 * V));
+                for (int r = 0; r < RM; r++) {
+                    const __m256i xs = U::SIGNED ? _mm256_sign_epi8(xv, sgn[r]) : xv;
+                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(mag[r], xs), sc[r]);
+                    isum[r][t] = _mm256_add_epi32(isum[r][t], p);
+                }
+            }
+        }
+        template <int... V>
+        static void step(std::integer_sequence<int, V...>, const Block* const* w, const PreScales* pre,
+                         const block_q8_K* const* x, __m256i (*isum)[RN]) {
+            (one<V>(w, pre, x, isum), ...);
+        }
+
         static void run(const Args& a, int64_t n, int m) {
-            using Block = typename U::Block;
             __m256 acc[RM][RN];
             float acc_min[RM][RN];
             for (int r = 0; r < RM; r++)
@@ -266,25 +326,20 @@ struct TileLow256 {
                 __m256i isum[RM][RN];
                 for (int r = 0; r < RM; r++)
                     for (int t = 0; t < RN; t++) isum[r][t] = _mm256_setzero_si256();
-                for (int v = 0; v < 8; v++) {
-                    __m256i mag[RM], sgn[RM], sc[RM];
-                    for (int r = 0; r < RM; r++) U::vec(*w[r], pre[r], v, mag[r], sgn[r], sc[r]);
-                    for (int t = 0; t < RN; t++) {
-                        const __m256i xv = _mm256_loadu_si256((const __m256i*)(x[t]->qs + 32 * v));
-                        for (int r = 0; r < RM; r++) {
-                            const __m256i xs = U::SIGNED ? _mm256_sign_epi8(xv, sgn[r]) : xv;
-                            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(mag[r], xs), sc[r]);
-                            isum[r][t] = _mm256_add_epi32(isum[r][t], p);
+                step(std::make_integer_sequence<int, 8>{}, w, pre, x, isum);
+                if constexpr (U::OFFSET)
+                    for (int r = 0; r < RM; r++)
+                        for (int t = 0; t < RN; t++) {
+                            const __m256i bs = _mm256_loadu_si256((const __m256i*)x[t]->bsums);
+                            isum[r][t] = _mm256_sub_epi32(isum[r][t], _mm256_slli_epi32(_mm256_madd_epi16(pre[r].sc, bs), 2));
                         }
-                    }
-                }
                 for (int r = 0; r < RM; r++)
                     for (int t = 0; t < RN; t++) {
                         const float dx = x[t]->d;
                         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(pre[r].d * dx),
                                                     acc[r][t]);
                         if constexpr (U::MINS)
-                            acc_min[r][t] += dx * fp16_to_f32(w[r]->dmin) * (float)U::mins(*w[r], *x[t]);
+                            acc_min[r][t] += dx * _cvtsh_ss(w[r]->dmin) * (float)U::mins(*w[r], *x[t]);
                     }
             }
             for (int r = 0; r < RM; r++)

@@ -384,14 +384,14 @@ Kernels make_avx2() {
     k.gemm_q5_1 = gemm_tiled<TileQ5_1, 1, 2>;
     k.gemm_iq4_nl = gemm_tiled<TileIQ4_NL, 1, 2>;
     k.gemm_mxfp4 = gemm_tiled<TileMXFP4, 1, 2>;
-    k.gemm_q2_K = gemm_tiled<TileQ2_K, 1, 2>;
-    k.gemm_q3_K = gemm_tiled<TileQ3_K, 1, 2>;
-    k.gemm_iq4_xs = gemm_tiled<TileIQ4_XS, 1, 2>;
-    k.gemm_iq2_xxs = gemm_tiled<TileIQ2_XXS, 1, 2>;
-    k.gemm_iq2_xs = gemm_tiled<TileIQ2_XS, 1, 2>;
-    k.gemm_iq2_s = gemm_tiled<TileIQ2_S, 1, 2>;
-    k.gemm_iq3_xxs = gemm_tiled<TileIQ3_XXS, 1, 2>;
-    k.gemm_iq3_s = gemm_tiled<TileIQ3_S, 1, 2>;
+    k.gemm_q2_K = gemm_tiled<TileQ2_K, 1, 1>;
+    k.gemm_q3_K = gemm_tiled<TileQ3_K, 2, 1>;
+    k.gemm_iq4_xs = gemm_tiled<TileIQ4_XS, 1, 1>;
+    k.gemm_iq2_xxs = gemm_tiled<TileIQ2_XXS, 1, 1>;
+    k.gemm_iq2_xs = gemm_tiled<TileIQ2_XS, 1, 1>;
+    k.gemm_iq2_s = gemm_tiled<TileIQ2_S, 1, 1>;
+    k.gemm_iq3_xxs = gemm_tiled<TileIQ3_XXS, 1, 1>;
+    k.gemm_iq3_s = gemm_tiled<TileIQ3_S, 1, 1>;
     return k;
 }
 
