@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <array>
+#include <type_traits>
 #include <utility>
 
 #include "lowbit.h"
@@ -84,6 +85,7 @@ inline __m256i scale_pair(const PreScales& p) {
 struct LowQ2K {
     using Block = block_q2_K;
     static constexpr bool SIGNED = false, MINS = true, OFFSET = false;
+    static constexpr int LANE_SHIFT = -1, LANE_QMAX = 3;  // (KindLowV: stored as q, no offset)
     static void prepare(const Block& b, PreScales& p) {
         p.sc = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i*)b.scales), _mm_set1_epi8(0x0f)));
         p.d = _cvtsh_ss(b.d);
@@ -93,6 +95,11 @@ struct LowQ2K {
         const __m256i q = _mm256_loadu_si256((const __m256i*)(b.qs + 32 * (v / 4)));
         mag = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (v % 4)), _mm256_set1_epi8(3));
         sc = scale_pair<v>(p);
+    }
+    // the 16 groups' mins as int16
+    static __m256i mins16(const Block& b) {
+        return _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i*)b.scales), 4),
+                                                  _mm_set1_epi8(0x0f)));
     }
     // sum_g min_g * bsum_g
     static int32_t mins(const Block& b, const block_q8_K& x) {
@@ -109,6 +116,7 @@ struct LowQ3K {
     // the -4 comes back once per super-block through the q8_K group sums (OFFSET: 4 sum_g scale_g bsum_g)
     using Block = block_q3_K;
     static constexpr bool SIGNED = false, MINS = false, OFFSET = true;
+    static constexpr int LANE_SHIFT = 2, LANE_QMAX = 7;  // (KindLowV: stored as u = q + 4)
     static void prepare(const Block& b, PreScales& p) {
         // decode_scales_q3_K by 32-bit words: scales 4k..4k+3 in word k
         uint32_t a[3];
@@ -135,6 +143,8 @@ struct LowQ3K {
 struct LowIQ4XS {
     using Block = block_iq4_xs;
     static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
+    static constexpr int LANE_SHIFT = -1, LANE_QMAX = 127;  // (KindLowV: -127..113 as magnitude and sign)
+    static constexpr bool LANE_SIGNS = true;
     static void prepare(const Block& b, PreScales& p) {
         int8_t ls[8];
         decode_scales_iq4_xs(b, ls);
@@ -154,6 +164,7 @@ struct LowIQ4XS {
 struct LowIQ2XXS {
     using Block = block_iq2_xxs;
     static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
+    static constexpr int LANE_SHIFT = 6, LANE_QMAX = 107;  // (KindLowV: q in +-43, stored as q + 64)
     static void prepare(const Block& b, PreScales& p) {
         int16_t sc[16];
         for (int ib = 0; ib < 8; ib++) {
@@ -182,6 +193,7 @@ struct LowIQ2XXS {
 struct LowIQ2XS {
     using Block = block_iq2_xs;
     static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
+    static constexpr int LANE_SHIFT = 6, LANE_QMAX = 107;  // (KindLowV: q in +-43, stored as q + 64)
     static void prepare(const Block& b, PreScales& p) {
         // 2 s + 1 for the 16 nibbles of scales[8]: nibbles to bytes, then widened
         const __m128i raw = _mm_loadl_epi64((const __m128i*)b.scales);
@@ -204,6 +216,7 @@ struct LowIQ2XS {
 struct LowIQ2S {
     using Block = block_iq2_s;
     static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
+    static constexpr int LANE_SHIFT = 6, LANE_QMAX = 107;  // (KindLowV: q in +-43, stored as q + 64)
     static void prepare(const Block& b, PreScales& p) {
         // 2 s + 1 for the 16 nibbles of scales[8]: nibbles to bytes, then widened
         const __m128i raw = _mm_loadl_epi64((const __m128i*)b.scales);
@@ -229,6 +242,7 @@ struct LowIQ2S {
 struct LowIQ3XXS {
     using Block = block_iq3_xxs;
     static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
+    static constexpr int LANE_SHIFT = 6, LANE_QMAX = 126;  // (KindLowV: q in +-62, stored as q + 64)
     static void prepare(const Block& b, PreScales& p) {
         int16_t sc[16];
         for (int ib = 0; ib < 8; ib++) {
@@ -257,6 +271,7 @@ struct LowIQ3XXS {
 struct LowIQ3S {
     using Block = block_iq3_s;
     static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
+    static constexpr int LANE_SHIFT = 4, LANE_QMAX = 31;  // (KindLowV: q in +-15, stored as q + 16)
     static void prepare(const Block& b, PreScales& p) {
         int16_t sc[16];
         for (int j = 0; j < 8; j++) sc[2 * j] = sc[2 * j + 1] = (int16_t)(2 * ((b.scales[j / 2] >> (4 * (j % 2))) & 0xf) + 1);
@@ -420,6 +435,149 @@ struct TileQ8A1 {
                 for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = hsum8(acc[r][t]);
         }
     };
+};
+
+// ---- super-blocks of 256 for more tokens: kernel_lanes256.h's q6_K lane layout (gemm_kquant_tiles) ----
+// A row is unpacked once per call and token group count (stored for the later groups, kernel_tiles.h),
+// into the layout KindQ6KV uses: lane L of vectors 0..3 holds group L (16 weights, 4 per vector), of
+// vectors 4..7 group 8 + L, so one vpmaddubsw chain per vector and token sums each group's products, and
+// the groups' scales are applied once per super-block and token, in float. The weights are stored
+// unsigned as q + 2^LANE_SHIFT (no offset where LANE_SHIFT < 0; q3_K's u = q + 4 as LowQ3K makes it),
+// and each lane sum starts at -2^LANE_SHIFT x the token's sum over its group, so the sums are q x exactly.
+// q2_K's mins come in through the same group sums, in float. iq4_xs's -127..113 fit no unsigned byte
+// that keeps a vpmaddubsw pair below 2^15: its lanes hold magnitudes, with the signs in a second set of
+// vectors that each token's activations take (vpsignb) before the product (LANE_SIGNS).
+
+template <class Low, class = void>
+struct LaneSigns : std::false_type {};
+template <class Low>
+struct LaneSigns<Low, std::void_t<decltype(Low::LANE_SIGNS)>> : std::bool_constant<Low::LANE_SIGNS> {};
+template <class Low>
+constexpr bool lane_signs() { return LaneSigns<Low>::value; }
+
+struct alignas(32) XLowV {  // one q8_K super-block of one token, in lane order
+    int8_t q[QK_K];         // q[32 (4h + c) + 4L + i] = x[16 (8h + L) + 4c + i]
+    int32_t nbs[16];        // lanes of half h: -(sum of x over group 8h + L)
+    float d[8];
+};
+
+template <class Dot, class Low>
+struct KindLowV : GroupedRows8 {
+    using Block = typename Low::Block;
+    using X = XLowV;
+    static constexpr int GROUP = 4, SLOTS = GROUP;  // tokens per tile, as KindQ6KV's
+    static_assert(Low::LANE_QMAX > 0 && Low::LANE_QMAX <= 127, "no lane form for this type");
+    static constexpr bool SIGNS = lane_signs<Low>();
+    static void reorder(const block_q8_K* const* x, X* out) {
+        const block_q8_K* b = x[0];
+        int32_t src[64], dst[64];  // src dword 4s + c: x[16s + 4c .. + 3] of group s
+        std::memcpy(src, b->qs, QK_K);
+        for (int h = 0; h < 2; h++)
+            for (int c = 0; c < 4; c++)
+                for (int L = 0; L < 8; L++) dst[8 * (4 * h + c) + L] = src[4 * (8 * h + L) + c];
+        std::memcpy(out->q, dst, QK_K);
+        for (int g = 0; g < 16; g++) out->nbs[g] = -b->bsums[g];
+        for (int L = 0; L < 8; L++) out->d[L] = b->d;
+    }
+    struct alignas(32) U {
+        __m256i q[8];
+        __m256i s[SIGNS ? 8 : 1];  // (LANE_SIGNS) the weights' signs, as q
+        __m256 sd[2];  // lanes of half h: d * factor * scale of group 8h + L
+        __m256 mn[2];  // (q2_K) dmin * min of group 8h + L
+    };
+    template <int V>
+    static __m256i stored(const Block& w, const PreScales& p, __m256i* sign = nullptr) {
+        __m256i mag, sgn = _mm256_setzero_si256(), sc;
+        Low::template vec<V>(w, p, mag, sgn, sc);
+        if constexpr (SIGNS) {
+            sign[V] = sgn;
+            return mag;
+        }
+        if constexpr (Low::SIGNED)
+            return _mm256_add_epi8(_mm256_sign_epi8(mag, sgn), _mm256_set1_epi8((char)(1 << Low::LANE_SHIFT)));
+        else
+            return mag;
+    }
+    // Vectors 4h .. 4h + 3 in the file's order (vector V: groups 2V, 2V + 1 in its dwords 0-3, 4-7) to lane
+    // order: out c, dword L = group 8h + L's dword c = file vector 4h + L / 2's dword 4 (L % 2) + c. Each
+    // vector's dwords paired (c, 4 + c) into qword c, then a 4 x 4 qword transpose.
+    static void half_to_lanes(__m256i a, __m256i b, __m256i c, __m256i d, __m256i* out) {
+        const __m256i pair = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        a = _mm256_permutevar8x32_epi32(a, pair);
+        b = _mm256_permutevar8x32_epi32(b, pair);
+        c = _mm256_permutevar8x32_epi32(c, pair);
+        d = _mm256_permutevar8x32_epi32(d, pair);
+        const __m256i ab_lo = _mm256_unpacklo_epi64(a, b), ab_hi = _mm256_unpackhi_epi64(a, b);
+        const __m256i cd_lo = _mm256_unpacklo_epi64(c, d), cd_hi = _mm256_unpackhi_epi64(c, d);
+        out[0] = _mm256_permute2x128_si256(ab_lo, cd_lo, 0x20);
+        out[1] = _mm256_permute2x128_si256(ab_hi, cd_hi, 0x20);
+        out[2] = _mm256_permute2x128_si256(ab_lo, cd_lo, 0x31);
+        out[3] = _mm256_permute2x128_si256(ab_hi, cd_hi, 0x31);
+    }
+    static void unpack(const Block* w, U* u) {
+        PreScales p;
+        Low::prepare(*w, p);
+        __m256i sg[8];
+        half_to_lanes(stored<0>(*w, p, sg), stored<1>(*w, p, sg), stored<2>(*w, p, sg), stored<3>(*w, p, sg), u->q);
+        half_to_lanes(stored<4>(*w, p, sg), stored<5>(*w, p, sg), stored<6>(*w, p, sg), stored<7>(*w, p, sg), u->q + 4);
+        if constexpr (SIGNS) {
+            half_to_lanes(sg[0], sg[1], sg[2], sg[3], u->s);
+            half_to_lanes(sg[4], sg[5], sg[6], sg[7], u->s + 4);
+        }
+        const __m256 d = _mm256_set1_ps(p.d);
+        u->sd[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(p.sc))), d);
+        u->sd[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(p.sc, 1))), d);
+        if constexpr (Low::MINS) {
+            const __m256i m = Low::mins16(*w);
+            const __m256 dm = _mm256_set1_ps(_cvtsh_ss(w->dmin));
+            u->mn[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(m))), dm);
+            u->mn[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(m, 1))), dm);
+        }
+    }
+    template <int RN, Rows R>
+    static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part, const KSpan& ks) {
+        const int64_t xs = ks.stride;  // between one token's (entry's) activations and the next's
+        constexpr int CHAIN = std::max(1, std::min(4, Dot::chain(Low::LANE_QMAX)));
+        const Block* w = (const Block*)row;
+        U local;
+        __m256 acc[RN];
+        for (int t = 0; t < RN; t++) acc[t] = ks.first ? _mm256_setzero_ps() : part[t * ROWS];
+        for (int64_t b = 0; b < nb; b++, w++) {
+            const U* ub = row_block<KindLowV, R>(w, u + b, &local);
+            for (int h = 0; h < 2; h++) {
+                __m256i v[RN];
+                for (int t = 0; t < RN; t++) {
+                    if constexpr (Low::LANE_SHIFT < 0)
+                        v[t] = _mm256_setzero_si256();
+                    else
+                        v[t] = _mm256_slli_epi32(_mm256_load_si256((const __m256i*)(x[t * xs + b].nbs + 8 * h)),
+                                                 Low::LANE_SHIFT);
+                }
+                for (int c0 = 0; c0 < 4; c0 += CHAIN) {
+                    typename Dot::Sum s[RN];
+                    for (int t = 0; t < RN; t++) s[t] = Dot::start(v[t]);
+                    for (int c = c0; c < c0 + CHAIN && c < 4; c++) {
+                        const __m256i q = _mm256_load_si256(&ub->q[4 * h + c]);
+                        for (int t = 0; t < RN; t++) {
+                            __m256i xv = _mm256_load_si256((const __m256i*)(x[t * xs + b].q + 32 * (4 * h + c)));
+                            if constexpr (SIGNS) xv = _mm256_sign_epi8(xv, _mm256_load_si256(&ub->s[4 * h + c]));
+                            s[t] = Dot::dot(s[t], q, xv);
+                        }
+                    }
+                    for (int t = 0; t < RN; t++) v[t] = Dot::end(v[t], s[t]);
+                }
+                for (int t = 0; t < RN; t++) {
+                    const __m256 dx = _mm256_load_ps(x[t * xs + b].d);
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v[t]), _mm256_mul_ps(ub->sd[h], dx), acc[t]);
+                    if constexpr (Low::MINS)
+                        acc[t] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i*)(x[t * xs + b].nbs + 8 * h))),
+                            _mm256_mul_ps(ub->mn[h], dx), acc[t]);
+                }
+            }
+        }
+        for (int t = 0; t < RN; t++) part[t * ROWS] = acc[t];
+    }
 };
 
 }  // namespace

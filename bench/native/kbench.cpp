@@ -31,7 +31,7 @@ namespace {
 
 [[noreturn]] void usage(const char* msg) {
     std::fprintf(stderr,
-                 "kbench: %s\nusage: kbench --type q4_k|q4_k_r16|q5_k|q6_k|q8_0|q4_0|f16|bf16|f32 --rows N --k K [--isa ISA] "
+                 "kbench: %s\nusage: kbench --type q4_k|q4_k_r16|q5_k|q6_k|q8_0|q4_0|q3_k|q2_k|iq4_xs|iq3_xxs|...|f16|bf16|f32 --rows N --k K [--isa ISA] "
                  "[--tokens 1,2,4,8] [--range N0:N1] [--dram] [--reps 7] [--json FILE] [--no-check]\n",
                  msg);
     std::exit(2);
@@ -112,7 +112,23 @@ int main(int argc, char** argv) {
     for (float& v : wf) v = nd(gen);
     for (float& v : xf) v = nd(gen);
     std::vector<uint8_t> wq((size_t)rows * qrb), w((size_t)rows * wrb), xq((size_t)maxM * xrb);
-    quantize_rows(tq, wf.data(), wq.data(), rows, K);
+    if (has_quantizer(tq)) {
+        quantize_rows(tq, wf.data(), wq.data(), rows, K);
+    } else {
+        // no quantizer here (IQ3_S, IQ3_XXS, IQ2_*, MXFP4): random blocks, with the leading scale (an fp16 d,
+        // or MXFP4's e8m0 exponent) set to a modest value so that products stay finite
+        std::uniform_int_distribution<int> byte(0, 255);
+        for (uint8_t& b : wq) b = (uint8_t)byte(gen);
+        const size_t bb = ti->block_bytes;
+        for (size_t o = 0; o < wq.size(); o += bb) {
+            if (tq == Type::MXFP4) {
+                wq[o] = 120;
+            } else {
+                const uint16_t d = f32_to_fp16(0.01f * (1 + (wq[o] & 7)));
+                std::memcpy(&wq[o], &d, 2);
+            }
+        }
+    }
     if (r16)
         repack_q4_K_r16(wq.data(), qrb, 0, rows / R16, K, w.data());
     else
