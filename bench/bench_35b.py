@@ -10,7 +10,11 @@ transforms, the q4_k_m recipe, multi-threaded quantization, the atomic streaming
 fresh process, the file is loaded by mmap and decodes autoregressively (qwen35moe).
 
     python bench/bench_35b.py --workdir /data/c35 [--keep]
+    python bench/bench_35b.py --type q3_k_m --mem-limit 16 --llama-bin DIR --keep   # a 16 GB machine
     python bench/bench_35b.py --generate-only      # the generator itself at this shape, streamed to /dev/null
+
+--mem-limit GB runs the decoding (and llama.cpp's llama-bench, given --llama-bin) in a memory cgroup with
+that limit, page cache included, after dropping the file from the page cache (root, cgroup v1 or v2).
 
 Prints a table and writes bench/results/clover35b.json. Needs ~20 GB of free disk for the GGUF.
 """
@@ -76,7 +80,7 @@ class VirtualTensor:
         return self.rows(n, 0, self.numel // n).reshape(self.shape)
 
 
-def convert_virtual(ckpt: Path, out: Path, preset: str) -> dict:
+def convert_virtual(ckpt: Path, out: Path, preset: str, out_type: str = "q4_k_m") -> dict:
     from clover_cpu.convert import hf
     from clover_cpu.convert.synthetic import make_config, tensor_specs, train_spm
 
@@ -89,7 +93,7 @@ def convert_virtual(ckpt: Path, out: Path, preset: str) -> dict:
     n_params = sum(t.numel for t in virtual.values())
     hf.open_checkpoint = lambda src: virtual  # the only change to the converter: where rows come from
     t = time.perf_counter()
-    summary = hf.convert(ckpt, out, out_type="q4_k_m", force=True, progress=sys.stderr.isatty(),
+    summary = hf.convert(ckpt, out, out_type=out_type, force=True, progress=sys.stderr.isatty(),
                          log=lambda s: print(s, file=sys.stderr))
     dt = time.perf_counter() - t
     return {"params": n_params, "bf16_bytes": 2 * n_params, "seconds": dt, "file_bytes": out.stat().st_size,
@@ -145,12 +149,73 @@ def decode(path: str, prompt: int, new: int) -> dict:
             "isa": clover_cpu.system_info()["isa"], "threads": clover_cpu.system_info()["threads"]}
 
 
+class MemoryCgroup:
+    """A memory cgroup with a limit (v2 memory.max, else v1 memory.limit_in_bytes) that child processes
+    join before they exec; its peak usage afterwards. Needs root."""
+
+    def __init__(self, name: str, limit_bytes: int):
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        if v2.exists() and "memory" in v2.read_text().split():
+            self.dir = Path("/sys/fs/cgroup") / name
+            self.dir.mkdir(exist_ok=True)
+            (self.dir / "memory.max").write_text(str(limit_bytes))
+            if (self.dir / "memory.swap.max").exists():
+                (self.dir / "memory.swap.max").write_text("0")
+            self.peak_file = self.dir / "memory.peak"
+        else:
+            self.dir = Path("/sys/fs/cgroup/memory") / name
+            self.dir.mkdir(exist_ok=True)
+            (self.dir / "memory.limit_in_bytes").write_text(str(limit_bytes))
+            self.peak_file = self.dir / "memory.max_usage_in_bytes"
+        self.limit = limit_bytes
+        self.reset_peak()
+
+    def reset_peak(self) -> None:
+        try:
+            self.peak_file.write_text("0")  # (v1 resets its peak so; v2's memory.peak takes no write before 6.12)
+        except OSError:
+            pass
+
+    def join(self) -> None:  # (preexec_fn: runs in the child)
+        (self.dir / "cgroup.procs").write_text(str(os.getpid()))
+
+    def peak_gb(self) -> float | None:
+        try:
+            return int(self.peak_file.read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
+
+
+def drop_from_page_cache(path: Path) -> None:
+    """The file's clean pages out of the page cache, so that a limited run reads (and is charged for) them."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def llama_tg(llama_bin: Path, model: Path, threads: int, new: int, cg: MemoryCgroup | None) -> dict:
+    t = time.perf_counter()
+    r = subprocess.run([str(llama_bin / "llama-bench"), "-m", str(model), "-p", "0", "-n", str(new), "-t", str(threads),
+                        "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=3600,
+                       preexec_fn=cg.join if cg else None)
+    if r.returncode:
+        return {"error": (r.stderr or r.stdout)[-500:], "exit": r.returncode, "seconds": time.perf_counter() - t}
+    row = json.loads(r.stdout)[0]
+    return {"tg_tokens_per_second": row["avg_ts"], "seconds": time.perf_counter() - t}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/clover-35b"))
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--keep", action="store_true", help="keep the GGUF (about 20 GB)")
+    ap.add_argument("--type", default="q4_k_m", help="the converter's --type (q4_k_m, q3_k_m, q2_k, iq4_xs, ...)")
+    ap.add_argument("--mem-limit", type=float, help="decode in a memory cgroup of this many GB (page cache included)")
+    ap.add_argument("--llama-bin", type=Path, help="also run llama.cpp's llama-bench (tg) on the file, same limit")
     ap.add_argument("--preset", default="clover-35b", help="a smaller shape for a quick check (small, bench)")
     ap.add_argument("--json", type=Path, default=HERE / "results" / "clover35b.json")
     ap.add_argument("--generate-only", action="store_true",
@@ -168,23 +233,46 @@ def main() -> int:
     if a.decode_only:
         print(json.dumps(decode(a.decode_only, a.prompt, a.new)))
         return 0
-    out = a.workdir / f"{a.preset}-q4_k_m.gguf"
-    conv = convert_virtual(a.workdir / "ckpt", out, a.preset)
-    print(f"convert: {conv['params'] / 1e9:.2f}B parameters ({conv['bf16_bytes'] / 1e9:.1f} GB as bf16) -> "
-          f"{conv['file_bytes'] / 1e9:.2f} GB q4_k_m in {conv['seconds'] / 60:.1f} min, peak RSS {conv['peak_rss_gb']:.2f} GB")
+    out = a.workdir / f"{a.preset}-{a.type}.gguf"
+    if a.keep and out.exists():
+        conv = {"reused": str(out), "file_bytes": out.stat().st_size}
+        print(f"convert: reusing {out} ({out.stat().st_size / 1e9:.2f} GB)")
+    else:
+        conv = convert_virtual(a.workdir / "ckpt", out, a.preset, a.type)
+        print(f"convert: {conv['params'] / 1e9:.2f}B parameters ({conv['bf16_bytes'] / 1e9:.1f} GB as bf16) -> "
+              f"{conv['file_bytes'] / 1e9:.2f} GB {a.type} in {conv['seconds'] / 60:.1f} min, peak RSS "
+              f"{conv['peak_rss_gb']:.2f} GB")
+    cg = MemoryCgroup(f"clover-bench-{os.getpid()}", int(a.mem_limit * 1e9)) if a.mem_limit else None
+    if cg:
+        drop_from_page_cache(out)
     r = subprocess.run([sys.executable, __file__, "--decode-only", str(out), "--prompt", str(a.prompt), "--new",
-                        str(a.new)], capture_output=True, text=True)
+                        str(a.new)], capture_output=True, text=True, preexec_fn=cg.join if cg else None)
     if r.returncode:
         print(r.stderr[-3000:], file=sys.stderr)
         return 1
     dec = json.loads(r.stdout)
+    if cg:
+        dec["mem_limit_gb"] = a.mem_limit
+        dec["cgroup_peak_gb"] = cg.peak_gb()
     print(f"load {dec['load_seconds']:.2f} s (RSS {dec['rss_after_load_gb']:.2f} GB); prefill {dec['prefill_tokens']} "
           f"tokens {dec['prefill_seconds']:.1f} s; tg {dec['tg_tokens_per_second']:.2f} t/s over {dec['new_tokens']} "
           f"tokens ({dec['tg_second_half_tokens_per_second']:.2f} t/s in the second half); RSS after decoding "
           f"{dec['rss_after_decode_gb']:.2f} GB, peak {dec['peak_rss_gb']:.2f} GB; {dec['isa']} x {dec['threads']}")
+    if cg:
+        print(f"  under a {a.mem_limit:g} GB memory cgroup (page cache included): peak {dec['cgroup_peak_gb']} GB")
+    llama = None
+    if a.llama_bin:
+        if cg:
+            drop_from_page_cache(out)
+            cg.reset_peak()
+        llama = llama_tg(a.llama_bin, out, dec["threads"], a.new, cg)
+        if cg:
+            llama["cgroup_peak_gb"] = cg.peak_gb()
+        print(f"llama.cpp llama-bench tg{a.new} on the same file{' and limit' if cg else ''}: "
+              + (f"{llama['tg_tokens_per_second']:.2f} t/s" if "error" not in llama else f"failed: {llama['error']}"))
     a.json.parent.mkdir(parents=True, exist_ok=True)
     conv.pop("summary", None)
-    a.json.write_text(json.dumps({"convert": conv, "decode": dec}, indent=1))
+    a.json.write_text(json.dumps({"type": a.type, "convert": conv, "decode": dec, "llama_cpp": llama}, indent=1))
     if not a.keep:
         out.unlink()
     return 0
