@@ -183,12 +183,49 @@ class Event:
     stats: Stats | None = None
 
 
+@dataclass
+class Forward:
+    """A forward the decoding loop asks its driver for: model.run(cache, tokens, commit=commit,
+    block=block) and the output head on `rows` of the span's final hidden states. The driver sends
+    back the logits [len(rows), vocab] (None where rows is empty). One sequence's driver runs it alone
+    (`decode`); the server's scheduler runs the Forwards of several sequences as one batch."""
+
+    cache: object
+    tokens: list
+    commit: int
+    block: int | None
+    rows: list
+
+
+def run_forward(model, f: Forward):
+    """What a driver answers to one Forward, run alone."""
+    h = model.run(f.cache, f.tokens, commit=f.commit, block=f.block, logits=False)
+    return model.logits(np.ascontiguousarray(h[f.rows])) if f.rows else None
+
+
 # ---- the loop ----
 
 
 def decode(model, prompt_ids, opts: Options, cache=None):
     """Generate after prompt_ids; yields Events. `cache` may hold an earlier conversation (its committed
     length must be a multiple of the block length); it is extended in place."""
+    steps = decode_steps(model, prompt_ids, opts, cache)
+    msg = next(steps)
+    while True:
+        if isinstance(msg, Forward):
+            out = run_forward(model, msg)
+        else:
+            yield msg
+            out = None
+        try:
+            msg = steps.send(out)
+        except StopIteration:
+            return
+
+
+def decode_steps(model, prompt_ids, opts: Options, cache=None):
+    """The decoding loop as a coroutine: yields Events, and Forwards whose logits the driver sends back
+    (see Forward). Checks its arguments before the first yield."""
     c = model.config
     opts.validate(model.ctx_len)
     B = opts.block_length or c.block_length
@@ -225,9 +262,12 @@ def decode(model, prompt_ids, opts: Options, cache=None):
         # in chunks (whole blocks) so a long prompt's activations stay small; the caches make it exact
         step = max(B, PREFILL_CHUNK // B * B)
         for s0 in range(0, n_full, step):
-            h = model.run(cache, prompt[s0 : min(s0 + step, n_full)], commit=True, block=block_mode, logits=False)
-        if shift:  # only the last position's logits are ever used, and only with shifted logits
-            carry = model.logits(h[-1:])[0]
+            chunk = prompt[s0 : min(s0 + step, n_full)]
+            # only the last position's logits are ever used, and only with shifted logits
+            last = shift and s0 + step >= n_full
+            out = yield Forward(cache, chunk, len(chunk), block_mode, [len(chunk) - 1] if last else [])
+            if last:
+                carry = out[0]
     stats.prefill_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     head = prompt[n_full:]
@@ -258,12 +298,13 @@ def decode(model, prompt_ids, opts: Options, cache=None):
         shifted logits position u is predicted by the row before it, and the row before the span is
         `carry`. The head is a large share of a forward (248K x 2048 on Clover-35B): a step never needs
         the rows of positions already decided, nor those of the committed half of a fused commit."""
-        h = model.run(cache, tokens, commit=commit, block=block_mode, logits=False)
         rows = [u - first - (1 if shift else 0) for u in cands]
         out = np.empty((len(cands), V), np.float32)
         inside = [i for i, r in enumerate(rows) if r >= 0]
+        commit = len(tokens) if commit is True else int(commit)
+        got = yield Forward(cache, tokens, commit, block_mode, [rows[i] for i in inside])
         if inside:
-            out[inside] = model.logits(np.ascontiguousarray(h[[rows[i] for i in inside]]))
+            out[inside] = got
         for i, r in enumerate(rows):
             if r < 0:
                 out[i] = carry
@@ -286,14 +327,15 @@ def decode(model, prompt_ids, opts: Options, cache=None):
             elif reuse:
                 f = undecided[0]  # the final prefix ends here
                 new_final = tail + span[in_cache:f]
-                rows = predict(new_final + span[f : cands[-1] + 1], len(new_final), cands, f - len(new_final))
+                rows = yield from predict(new_final + span[f : cands[-1] + 1], len(new_final), cands,
+                                          f - len(new_final))
                 stats.forwards += 1
                 in_cache, tail = f, []
             elif shift and cands == [0]:
                 rows = carry[None]  # position 0 is predicted by `carry` alone: no forward
             else:
                 end = cands[-1] + (0 if shift else 1) if w else B
-                rows = predict(span[: max(1, end)], False, cands)
+                rows = yield from predict(span[: max(1, end)], False, cands)
                 stats.forwards += 1
             p = probabilities(rows, opts.temperature, opts.top_k, opts.top_p)
             cand = choose(p, opts.temperature, rng)
@@ -337,7 +379,7 @@ def decode(model, prompt_ids, opts: Options, cache=None):
         fuse = not (shift and B == 1)
         nxt = (w or B) if fuse else 0
         # logits for the next block's first step (for one-token AR blocks, only what predicts position 0)
-        out = predict(span + [mask] * nxt, B, list(range(nxt)) or [0], -B)
+        out = yield from predict(span + [mask] * nxt, B, list(range(nxt)) or [0], -B)
         stats.forwards += 1
         if shift:
             carry = out[0]  # the block's last row: it predicts the next block's position 0

@@ -496,6 +496,63 @@ class Model:
         h = rmsnorm(x, self.output_norm, c.eps)
         return self.logits(h) if logits else h
 
+    def run_batch(self, spans) -> list[np.ndarray]:
+        """Several sequences' spans in one forward (continuous batching): spans is a list of
+        (cache, tokens, commit, block), each as `run` takes them, every cache a different sequence's.
+        The projections and experts run once over all the spans' tokens (one product per weight); each
+        span's attention and recurrent state use its own cache. Returns each span's final hidden states
+        [T_i, hidden] (as `run(..., logits=False)`); the same results as one `run` per span up to float
+        summation order (a product over more tokens may take another kernel path)."""
+        c = self.config
+        if len(spans) == 1 or not self.fused:
+            return [self.run(cache, tokens, commit=commit, block=block, logits=False)
+                    for cache, tokens, commit, block in spans]
+        self.file.check_unchanged()
+        ids_all, items = [], []
+        t = 0
+        for cache, tokens, commit, block in spans:
+            if any(cache is it[0] for it in items):
+                raise ValueError("run_batch: each span needs its own cache")
+            ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+            if ids.size and (ids.min() < 0 or ids.max() >= c.vocab_size):
+                raise ValueError(f"token ids must be in [0, {c.vocab_size})")
+            if cache.capacity_limit == 0:
+                cache.capacity_limit = self.ctx_len
+            if cache.n + ids.size > cache.capacity_limit:
+                raise ValueError(f"context full: {cache.n + ids.size} tokens exceed the context length "
+                                 f"{cache.capacity_limit}")
+            if block is not None:
+                block = operator.index(block)
+                if block < 1:
+                    raise ValueError(f"block must be >= 1, got {block}")
+            commit = ids.size if commit is True else int(commit)
+            if not 0 <= commit <= ids.size:
+                raise ValueError(f"commit must be between 0 and {ids.size}")
+            items.append((cache, ids, commit, block, t, t + ids.size))
+            ids_all.append(ids)
+            t += ids.size
+        if t == 0:
+            return [np.zeros((0, c.n_embd), np.float32) for _ in spans]
+        ids = np.concatenate(ids_all)
+        x = kernels.dequantize(np.ascontiguousarray(self.embed.data[ids]), self.embed.fmt)
+        prefetch = self._prefetching
+        for i in range(len(self.layers)):
+            if c.recurrent[i]:
+                self._stack.gdn_batch(i, x, [(t0, t1, *cache.gdn_state(i, c), commit)
+                                             for cache, _, commit, _, t0, t1 in items])
+            else:
+                for cache, ids_i, _, _, _, _ in items:
+                    cache.reserve(i, cache.n + ids_i.size, self.kv_row, self.kv_dtype)
+                self._stack.attn_batch(i, x, [(t0, t1, cache.k[i], cache.v[i], cache.n, block)
+                                              for cache, _, _, block, t0, t1 in items])
+            self.last_experts_used = self._stack.moe(i, x, prefetch)
+        self._update_prefetch()
+        for cache, ids_i, commit, _, _, _ in items:
+            cache.n += commit
+            cache.tokens.extend(int(v) for v in ids_i[:commit])
+        h = rmsnorm(x, self.output_norm, c.eps)
+        return [h[t0:t1] for _, _, _, _, t0, t1 in items]
+
     def logits(self, h: np.ndarray) -> np.ndarray:
         """The output head on final hidden states; NaN or Inf there means corrupt weights (the loader
         checks norms, not every matrix: `clover-cpu info --verify` scans a whole file)."""

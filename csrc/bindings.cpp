@@ -567,16 +567,7 @@ class LayerStack {
         if (!gdn_[i]) fail("layer " + std::to_string(i) + " has no GDN weights");
         const GdnWeights& w = *gdn_[i];
         const int64_t T = rows_of(x);
-        check_array<float>(conv_state, "conv_state", 2, "float32");
-        check_array<float>(ssm_state, "ssm_state", 3, "float32");
-        if (conv_state.shape(0) != w.conv_k - 1 || conv_state.shape(1) != w.qkv.rows)
-            fail("conv_state must be [" + std::to_string(w.conv_k - 1) + ", " + std::to_string(w.qkv.rows) + "]");
-        if (ssm_state.shape(0) != w.n_v_heads || ssm_state.shape(1) != w.dk || ssm_state.shape(2) != w.dv)
-            fail("ssm_state must be [" + std::to_string(w.n_v_heads) + ", " + std::to_string(w.dk) + ", " +
-                 std::to_string(w.dv) + "]");
-        if (commit > 0 && (!conv_state.writeable() || !ssm_state.writeable()))
-            fail("the GDN states must be writeable (a commit updates them)");
-        if (commit < 0 || commit > T) fail("commit must be in [0, " + std::to_string(T) + "]");
+        check_gdn_states(w, conv_state, ssm_state, commit, T);
         float* X = (float*)x.mutable_data();
         // (read only when nothing is committed: the delta rule then works on a copy)
         float *Cs = (float*)conv_state.data(), *Ss = (float*)ssm_state.data();
@@ -593,21 +584,7 @@ class LayerStack {
         if (!attn_[i]) fail("layer " + std::to_string(i) + " has no attention weights");
         const AttnWeights& w = *attn_[i];
         const int64_t T = rows_of(x);
-        const py::dtype dt = k_cache.dtype();
-        const KvType kv = kv_type_of(dt);
-        if (kv == KvType::Q8_0 && w.D % KV_Q8_BLOCK) fail("a Q8_0 KV cache needs a head dim that is a multiple of 32");
-        const int64_t width = kv == KvType::Q8_0 ? kv_head_bytes(kv, w.D) : w.D;
-        for (const py::array* c : {&k_cache, &v_cache}) {
-            if (!c->dtype().is(dt)) fail("k_cache and v_cache must have the same dtype");
-            if (c->ndim() != 3 || c->shape(1) != w.n_head_kv || c->shape(2) != width)
-                fail("the KV caches must be [S, " + std::to_string(w.n_head_kv) + ", " + std::to_string(width) + "]");
-            if (!(c->flags() & py::array::c_style)) fail("the KV caches must be C-contiguous");
-            if (!c->writeable()) fail("the KV caches must be writeable (the span's rows are written)");
-        }
-        if (k_cache.shape(0) != v_cache.shape(0)) fail("k_cache and v_cache must have the same rows");
-        if (n0 < 0 || n0 > k_cache.shape(0) - T || n0 + T > INT32_MAX)
-            fail("rows [n0, n0 + T) must lie in the caches' " + std::to_string(k_cache.shape(0)) + " rows");
-        if (block && *block < 1) fail("block must be >= 1");
+        const KvType kv = check_kv(w, k_cache, v_cache, n0, T, block);
         float* X = (float*)x.mutable_data();
         void *K = k_cache.mutable_data(), *V = v_cache.mutable_data();
         if (T == 0) return;
@@ -615,6 +592,62 @@ class LayerStack {
         py::gil_scoped_release nogil;
         attn_residual(kr, w, eps_, X, T, H_, kv, K, V, n0, block ? AttnMask::BlockCausal : AttnMask::Causal,
                       block ? *block : 1);
+    }
+
+    // Several sequences' spans in x, one after another (continuous batching, layers.h): segs is a list of
+    // (t0, t1, conv_state, ssm_state, commit), one per sequence, covering the rows of x in order.
+    void gdn_batch(int64_t i, py::array x, const py::list& segs) {
+        layer(i);
+        if (!gdn_[i]) fail("layer " + std::to_string(i) + " has no GDN weights");
+        const GdnWeights& w = *gdn_[i];
+        const int64_t T = rows_of(x);
+        std::vector<GdnSeg> sg;
+        int64_t next = 0;
+        for (const py::handle& h : segs) {
+            const py::tuple t = seg_tuple(h, 5, "(t0, t1, conv_state, ssm_state, commit)");
+            const int64_t t0 = t[0].cast<int64_t>(), t1 = t[1].cast<int64_t>(), commit = t[4].cast<int64_t>();
+            if (t0 != next || t1 < t0 || t1 > T) fail("segments must cover the rows of x in order");
+            next = t1;
+            const py::array conv = t[2].cast<py::array>(), ssm = t[3].cast<py::array>();
+            check_gdn_states(w, conv, ssm, commit, t1 - t0);
+            sg.push_back({t0, t1, (float*)conv.data(), (float*)ssm.data(), commit});
+        }
+        if (next != T) fail("segments must cover the rows of x in order");
+        float* X = (float*)x.mutable_data();
+        if (T == 0) return;
+        const Kernels& kr = active_kernels();
+        py::gil_scoped_release nogil;
+        gdn_residual_segs(kr, w, eps_, X, T, H_, sg.data(), (int64_t)sg.size());
+    }
+
+    // segs: a list of (t0, t1, k_cache, v_cache, n0, block or None), one per sequence (as gdn_batch).
+    void attn_batch(int64_t i, py::array x, const py::list& segs) {
+        layer(i);
+        if (!attn_[i]) fail("layer " + std::to_string(i) + " has no attention weights");
+        const AttnWeights& w = *attn_[i];
+        const int64_t T = rows_of(x);
+        std::vector<AttnSeg> sg;
+        std::optional<KvType> kv;
+        int64_t next = 0;
+        for (const py::handle& h : segs) {
+            const py::tuple t = seg_tuple(h, 6, "(t0, t1, k_cache, v_cache, n0, block)");
+            const int64_t t0 = t[0].cast<int64_t>(), t1 = t[1].cast<int64_t>(), n0 = t[4].cast<int64_t>();
+            if (t0 != next || t1 < t0 || t1 > T) fail("segments must cover the rows of x in order");
+            next = t1;
+            const std::optional<int64_t> block = t[5].is_none() ? std::nullopt : std::optional<int64_t>(t[5].cast<int64_t>());
+            py::array k = t[2].cast<py::array>(), v = t[3].cast<py::array>();
+            const KvType this_kv = check_kv(w, k, v, n0, t1 - t0, block);
+            if (kv && *kv != this_kv) fail("every segment's KV caches must have the same dtype");
+            kv = this_kv;
+            sg.push_back({t0, t1, k.mutable_data(), v.mutable_data(), n0,
+                          block ? AttnMask::BlockCausal : AttnMask::Causal, block ? *block : 1});
+        }
+        if (next != T) fail("segments must cover the rows of x in order");
+        float* X = (float*)x.mutable_data();
+        if (T == 0) return;
+        const Kernels& kr = active_kernels();
+        py::gil_scoped_release nogil;
+        attn_residual_segs(kr, w, eps_, X, T, H_, *kv, sg.data(), (int64_t)sg.size());
     }
 
     // x [T, H] += the feed-forward of layer i; returns the number of distinct routed experts used.
@@ -630,6 +663,42 @@ class LayerStack {
     }
 
   private:
+    static void check_gdn_states(const GdnWeights& w, const py::array& conv_state, const py::array& ssm_state,
+                                 int64_t commit, int64_t T) {
+        check_array<float>(conv_state, "conv_state", 2, "float32");
+        check_array<float>(ssm_state, "ssm_state", 3, "float32");
+        if (conv_state.shape(0) != w.conv_k - 1 || conv_state.shape(1) != w.qkv.rows)
+            fail("conv_state must be [" + std::to_string(w.conv_k - 1) + ", " + std::to_string(w.qkv.rows) + "]");
+        if (ssm_state.shape(0) != w.n_v_heads || ssm_state.shape(1) != w.dk || ssm_state.shape(2) != w.dv)
+            fail("ssm_state must be [" + std::to_string(w.n_v_heads) + ", " + std::to_string(w.dk) + ", " +
+                 std::to_string(w.dv) + "]");
+        if (commit > 0 && (!conv_state.writeable() || !ssm_state.writeable()))
+            fail("the GDN states must be writeable (a commit updates them)");
+        if (commit < 0 || commit > T) fail("commit must be in [0, " + std::to_string(T) + "]");
+    }
+    static KvType check_kv(const AttnWeights& w, const py::array& k_cache, const py::array& v_cache, int64_t n0,
+                           int64_t T, std::optional<int64_t> block) {
+        const py::dtype dt = k_cache.dtype();
+        const KvType kv = kv_type_of(dt);
+        if (kv == KvType::Q8_0 && w.D % KV_Q8_BLOCK) fail("a Q8_0 KV cache needs a head dim that is a multiple of 32");
+        const int64_t width = kv == KvType::Q8_0 ? kv_head_bytes(kv, w.D) : w.D;
+        for (const py::array* c : {&k_cache, &v_cache}) {
+            if (!c->dtype().is(dt)) fail("k_cache and v_cache must have the same dtype");
+            if (c->ndim() != 3 || c->shape(1) != w.n_head_kv || c->shape(2) != width)
+                fail("the KV caches must be [S, " + std::to_string(w.n_head_kv) + ", " + std::to_string(width) + "]");
+            if (!(c->flags() & py::array::c_style)) fail("the KV caches must be C-contiguous");
+            if (!c->writeable()) fail("the KV caches must be writeable (the span's rows are written)");
+        }
+        if (k_cache.shape(0) != v_cache.shape(0)) fail("k_cache and v_cache must have the same rows");
+        if (n0 < 0 || n0 > k_cache.shape(0) - T || n0 + T > INT32_MAX)
+            fail("rows [n0, n0 + T) must lie in the caches' " + std::to_string(k_cache.shape(0)) + " rows");
+        if (block && *block < 1) fail("block must be >= 1");
+        return kv;
+    }
+    static py::tuple seg_tuple(const py::handle& h, size_t n, const char* shape) {
+        if (!py::isinstance<py::tuple>(h) || py::len(h) != n) fail(std::string("each segment must be ") + shape);
+        return py::reinterpret_borrow<py::tuple>(h);
+    }
     void layer(int64_t i) const {
         if (i < 0 || i >= (int64_t)gdn_.size())
             fail("layer " + std::to_string(i) + " out of range [0, " + std::to_string(gdn_.size()) + ")");
@@ -760,6 +829,8 @@ PYBIND11_MODULE(_core, m) {
              py::arg("n_rot"), py::arg("theta"))
         .def("attn", &LayerStack::attn, py::arg("i"), py::arg("x"), py::arg("k_cache"), py::arg("v_cache"), py::arg("n0"),
              py::arg("block") = py::none())
+        .def("gdn_batch", &LayerStack::gdn_batch, py::arg("i"), py::arg("x"), py::arg("segs"))
+        .def("attn_batch", &LayerStack::attn_batch, py::arg("i"), py::arg("x"), py::arg("segs"))
         .def("moe", &LayerStack::moe, py::arg("i"), py::arg("x"), py::arg("prefetch") = false);
     m.def("moe", &py_moe, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("gate"), py::arg("up"),
           py::arg("down"), py::arg("gate_type"), py::arg("up_type"), py::arg("down_type"), py::kw_only(),

@@ -21,6 +21,12 @@ void add_into(float* x, const float* y, int64_t n) {
 
 void gdn_residual(const Kernels& kr, const GdnWeights& w, float eps, float* x, int64_t T, int64_t H,
                   float* conv_state, float* ssm_state, int64_t commit) {
+    const GdnSeg seg{0, T, conv_state, ssm_state, commit};
+    gdn_residual_segs(kr, w, eps, x, T, H, &seg, 1);
+}
+
+void gdn_residual_segs(const Kernels& kr, const GdnWeights& w, float eps, float* x, int64_t T, int64_t H,
+                       const GdnSeg* segs, int64_t n_segs) {
     const ModelKernels& mk = model_kernels_of(kr);
     const int64_t Hv = w.n_v_heads, Hk = w.n_k_heads, dk = w.dk, dv = w.dv;
     const int64_t C = w.qkv.rows, key_dim = Hk * dk, value_dim = Hv * dv;
@@ -40,22 +46,26 @@ void gdn_residual(const Kernels& kr, const GdnWeights& w, float eps, float* x, i
     float* const ys[4] = {qkv.get(), z.get(), a.get(), b.get()};
     matmul_many(kr, ws, 4, h.get(), T, ys);
     gdn_gates(a.get(), b.get(), w.dt_bias, w.ssm_a, T, Hv, g.get(), beta.get());
-    // the committed tokens [0, commit) update the states; [commit, T) run on from them without writing
+    // per segment: its committed tokens [t0, t0 + commit) update its states; the rest run on from them
+    // without writing
     struct Span {
         int64_t t0, t1;
         bool update;
     };
-    const Span spans[2] = {{0, commit, true}, {commit, T, false}};
-    for (const Span& s : spans)
-        if (s.t1 > s.t0)
-            conv1d_silu(mk, qkv.get() + s.t0 * C, w.conv, conv_state, s.t1 - s.t0, C, w.conv_k, s.update,
-                        y.get() + s.t0 * C);
-    for (const Span& s : spans) {
-        if (s.t1 <= s.t0) continue;
-        const float* row = y.get() + s.t0 * C;  // [q | k | v] of token t0, read in place
-        gated_delta_rule(mk, GdnMode::Auto, row, row + key_dim, row + 2 * key_dim, g.get() + s.t0 * Hv,
-                         beta.get() + s.t0 * Hv, ssm_state, s.t1 - s.t0, Hk, Hv, dk, dv, s.update,
-                         o.get() + s.t0 * value_dim, C, C);
+    for (int64_t si = 0; si < n_segs; si++) {
+        const GdnSeg& sg = segs[si];
+        const Span spans[2] = {{sg.t0, sg.t0 + sg.commit, true}, {sg.t0 + sg.commit, sg.t1, false}};
+        for (const Span& s : spans)
+            if (s.t1 > s.t0)
+                conv1d_silu(mk, qkv.get() + s.t0 * C, w.conv, sg.conv_state, s.t1 - s.t0, C, w.conv_k, s.update,
+                            y.get() + s.t0 * C);
+        for (const Span& s : spans) {
+            if (s.t1 <= s.t0) continue;
+            const float* row = y.get() + s.t0 * C;  // [q | k | v] of token t0, read in place
+            gated_delta_rule(mk, GdnMode::Auto, row, row + key_dim, row + 2 * key_dim, g.get() + s.t0 * Hv,
+                             beta.get() + s.t0 * Hv, sg.ssm_state, s.t1 - s.t0, Hk, Hv, dk, dv, s.update,
+                             o.get() + s.t0 * value_dim, C, C);
+        }
     }
     gated_rms_norm(mk, o.get(), z.get(), w.ssm_norm, T * Hv, dv, eps, on.get());
     matmul(kr, w.out, on.get(), T, out.get());
@@ -64,6 +74,12 @@ void gdn_residual(const Kernels& kr, const GdnWeights& w, float eps, float* x, i
 
 void attn_residual(const Kernels& kr, const AttnWeights& w, float eps, float* x, int64_t T, int64_t H, KvType kv,
                    void* k_cache, void* v_cache, int64_t n0, AttnMask mask, int64_t block_length) {
+    const AttnSeg seg{0, T, k_cache, v_cache, n0, mask, block_length};
+    attn_residual_segs(kr, w, eps, x, T, H, kv, &seg, 1);
+}
+
+void attn_residual_segs(const Kernels& kr, const AttnWeights& w, float eps, float* x, int64_t T, int64_t H, KvType kv,
+                        const AttnSeg* segs, int64_t n_segs) {
     const ModelKernels& mk = model_kernels_of(kr);
     const int64_t Hq = w.n_head, Hkv = w.n_head_kv, D = w.D, QD = Hq * D, KD = Hkv * D;
     const Scratch<float, 0> h(T * H);
@@ -85,26 +101,33 @@ void attn_residual(const Kernels& kr, const AttnWeights& w, float eps, float* x,
         std::memcpy(q.get() + r * D, qg.get() + r * 2 * D, D * sizeof(float));
         std::memcpy(gate.get() + r * D, qg.get() + r * 2 * D + D, D * sizeof(float));
     }
-    for (int64_t t = 0; t < T; t++) pos.get()[t] = (int32_t)(n0 + t);
+    for (int64_t si = 0; si < n_segs; si++)
+        for (int64_t t = segs[si].t0; t < segs[si].t1; t++) pos.get()[t] = (int32_t)(segs[si].n0 + t - segs[si].t0);
     rms_norm(mk, q.get(), w.q_norm, T * Hq, D, eps, qn.get());
     rope_neox(qn.get(), pos.get(), T, Hq, D, w.n_rot, w.theta);
     rms_norm(mk, kx.get(), w.k_norm, T * Hkv, D, eps, kn.get());
     rope_neox(kn.get(), pos.get(), T, Hkv, D, w.n_rot, w.theta);
-    // the span's keys and values into cache rows [n0, n0 + T)
     const int64_t row = Hkv * kv_head_bytes(kv, D);
-    uint8_t* const K = (uint8_t*)k_cache + n0 * row;
-    uint8_t* const V = (uint8_t*)v_cache + n0 * row;
-    for (const auto& [src, dst] : {std::pair<const float*, uint8_t*>{kn.get(), K}, {vr.get(), V}}) {
-        if (kv == KvType::F32) {
-            std::memcpy(dst, src, T * KD * sizeof(float));
-        } else if (kv == KvType::F16) {
-            for (int64_t i = 0; i < T * KD; i++) ((uint16_t*)dst)[i] = f32_to_fp16(src[i]);
-        } else {
-            quantize_rows(Type::Q8_0, src, dst, T * Hkv, D);
+    for (int64_t si = 0; si < n_segs; si++) {
+        const AttnSeg& sg = segs[si];
+        const int64_t t0 = sg.t0, n = sg.t1 - sg.t0;
+        if (n <= 0) continue;
+        // the segment's keys and values into its cache rows [n0, n0 + n)
+        uint8_t* const K = (uint8_t*)sg.k_cache + sg.n0 * row;
+        uint8_t* const V = (uint8_t*)sg.v_cache + sg.n0 * row;
+        for (const auto& [src, dst] :
+             {std::pair<const float*, uint8_t*>{kn.get() + t0 * KD, K}, {vr.get() + t0 * KD, V}}) {
+            if (kv == KvType::F32) {
+                std::memcpy(dst, src, n * KD * sizeof(float));
+            } else if (kv == KvType::F16) {
+                for (int64_t i = 0; i < n * KD; i++) ((uint16_t*)dst)[i] = f32_to_fp16(src[i]);
+            } else {
+                quantize_rows(Type::Q8_0, src, dst, n * Hkv, D);
+            }
         }
+        attention(mk, qn.get() + t0 * QD, sg.k_cache, sg.v_cache, kv, pos.get() + t0, gate.get() + t0 * QD, n, Hq, Hkv,
+                  D, sg.n0 + n, sg.mask, sg.block_length, 1.f / std::sqrt((float)D), o.get() + t0 * QD);
     }
-    attention(mk, qn.get(), k_cache, v_cache, kv, pos.get(), gate.get(), T, Hq, Hkv, D, n0 + T, mask, block_length,
-              1.f / std::sqrt((float)D), o.get());
     matmul(kr, w.o, o.get(), T, out.get());
     add_into(x, out.get(), T * H);
 }

@@ -55,6 +55,28 @@ void gdn_residual(const Kernels& kr, const GdnWeights& w, float eps, float* x, i
 void attn_residual(const Kernels& kr, const AttnWeights& w, float eps, float* x, int64_t T, int64_t H, KvType kv,
                    void* k_cache, void* v_cache, int64_t n0, AttnMask mask, int64_t block_length);
 
+// Several sequences in one call (continuous batching): x holds their spans one after another, rows
+// [t0, t1) for each segment. The projections run once over all T rows (one product per weight); each
+// segment's recurrence, or attention over its own cache, runs on its own rows. One segment covering
+// all rows is the single-sequence call above, with the same results.
+struct GdnSeg {
+    int64_t t0, t1;
+    float* conv_state;
+    float* ssm_state;
+    int64_t commit;  // the segment's first `commit` tokens update its states
+};
+void gdn_residual_segs(const Kernels& kr, const GdnWeights& w, float eps, float* x, int64_t T, int64_t H,
+                       const GdnSeg* segs, int64_t n_segs);
+struct AttnSeg {
+    int64_t t0, t1;
+    void* k_cache;
+    void* v_cache;
+    int64_t n0;  // the segment's rows are positions n0 .. n0 + (t1 - t0) - 1 of its cache
+    AttnMask mask;
+    int64_t block_length;
+};
+void attn_residual_segs(const Kernels& kr, const AttnWeights& w, float eps, float* x, int64_t T, int64_t H, KvType kv,
+                        const AttnSeg* segs, int64_t n_segs);
 // x[T, H] += moe_block(rms_norm(x)); returns the number of distinct routed experts used.
 int moe_residual(const Kernels& kr, const MoeWeights& w, float eps, float* x, int64_t T, int64_t H, bool prefetch);
 
