@@ -41,20 +41,20 @@ def foreign(tmp_path_factory):
     T = gguf.GGMLQuantizationType
     d = tmp_path_factory.mktemp("foreign")
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((8, 64)).astype(np.float32)
+    x = rng.standard_normal((8, 256)).astype(np.float32)
     llama = _write(
-        d / "llama-q4_1.gguf",
+        d / "llama-tq1_0.gguf",
         "llama",
         {
-            "blk.0.ffn_down.weight": (x, T.Q4_1),
-            "blk.0.ffn_up.weight": (x, T.Q5_0),
+            "blk.0.ffn_down.weight": (x, T.TQ1_0),
+            "blk.0.ffn_up.weight": (x, T.TQ2_0),
             "output_norm.weight": (x[0], T.F32),
         },
     )
     ours = _write(
-        d / "qwen35moe-q4_1.gguf",
+        d / "qwen35moe-tq1_0.gguf",
         "qwen35moe",
-        {"blk.0.ffn_down.weight": (x, T.Q4_1), "blk.0.attn_q.weight": (x, T.Q8_0)},
+        {"blk.0.ffn_down.weight": (x, T.TQ1_0), "blk.0.attn_q.weight": (x, T.Q8_0)},
     )
     return llama, ours
 
@@ -64,10 +64,10 @@ def test_info_describes_other_architectures_and_types(foreign):
     r = cli("info", llama)
     assert r.returncode == 0, r.stderr
     assert "architecture:  llama" in r.stdout
-    assert "Q4_1" in r.stdout and "Q5_0" in r.stdout and "cannot run this type" in r.stdout
+    assert "TQ1_0" in r.stdout and "TQ2_0" in r.stdout and "cannot run this type" in r.stdout
     assert "cannot run it:" in r.stdout and "'llama' model" in r.stdout
     d = json.loads(cli("info", "--json", llama).stdout)
-    assert d["types"]["Q4_1"]["tensors"] == 1 and d["types"]["Q4_1"]["runs"] is False
+    assert d["types"]["TQ1_0"]["tensors"] == 1 and d["types"]["TQ1_0"]["runs"] is False
     assert d["types"]["F32"]["runs"] is True and d["runnable"] is False
     v = cli("info", "--verify", llama)  # types it cannot check are skipped, not a crash
     assert v.returncode == 0 and "Traceback" not in v.stderr
@@ -81,7 +81,7 @@ def test_run_refuses_in_one_line(foreign):
     assert "\n" not in line and "'llama' model" in line and "qwen35moe" in line
     r = cli("run", "-m", ours, "-p", "x")
     line = r.stderr.strip()
-    assert r.returncode == 2 and "\n" not in line and "Q4_1" in line and "Q4_K" in line, line
+    assert r.returncode == 2 and "\n" not in line and "TQ1_0" in line and "Q4_K" in line, line
 
 
 def test_vocabulary_only_files():
