@@ -574,6 +574,8 @@ def split_reasoning(text: str, thinking: bool) -> tuple[str | None, str]:
     stripped = text.lstrip()
     if not thinking and stripped.startswith(THINK_OPEN):
         thinking, text = True, stripped[len(THINK_OPEN) :]
+    elif thinking and text.lstrip("\n").startswith(THINK_OPEN):  # a model may repeat the <think> its prompt opened
+        text = text.lstrip("\n")[len(THINK_OPEN) :]
     if not thinking:
         return None, text
     head, sep, tail = text.partition(THINK_CLOSE)
@@ -590,6 +592,7 @@ class ReasoningSplitter:
     def __init__(self, thinking: bool):
         self.state = "open" if thinking else "start"
         self.buf = ""
+        self.repeated = False  # a <think> already seen (from the reply itself: no second one is dropped)
 
     def feed(self, text: str) -> list[tuple[str, str]]:
         self.buf += text
@@ -598,15 +601,21 @@ class ReasoningSplitter:
             if self.state == "start":  # before anything but whitespace: a reply may open <think> itself
                 s = self.buf.lstrip()
                 if s.startswith(THINK_OPEN):
-                    self.buf, self.state = s[len(THINK_OPEN) :], "open"
+                    self.buf, self.state, self.repeated = s[len(THINK_OPEN) :], "open", True
                     continue
                 if THINK_OPEN.startswith(s):
                     return out
                 self.state = "content"
-            elif self.state == "open":  # newlines opening the reasoning
+            elif self.state == "open":  # newlines opening the reasoning (and a repeated <think>)
                 s = self.buf.lstrip("\n")
                 if not s:
                     self.buf = ""
+                    return out
+                if not self.repeated and s.startswith(THINK_OPEN):
+                    self.buf, self.repeated = s[len(THINK_OPEN) :], True
+                    continue
+                if not self.repeated and THINK_OPEN.startswith(s):
+                    self.buf = s
                     return out
                 self.buf, self.state = s, "reasoning"
             elif self.state == "reasoning":

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import bench, convert, info, run
+from .commands import bench, convert, info, run, serve
 
-COMMANDS = {"run": run, "convert": convert, "info": info, "bench": bench}
+COMMANDS = {"run": run, "convert": convert, "info": info, "bench": bench, "serve": serve}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -381,6 +381,7 @@ def test_hostile_template_in_a_model_file(hostile_gguf):
         ("plain <think> later", False, (None, "plain <think> later")),
         ("never closed\n", True, ("never closed", "")),
         ("</think>\n\nonly answer", True, ("", "only answer")),
+        ("<think>\nrepeated</think>\nanswer", True, ("repeated", "answer")),
     ],
 )
 def test_split_reasoning(text, thinking, want):
@@ -399,6 +400,9 @@ def test_streamed_reasoning_equals_whole():
         "</thi",
         "<think></think>",
         "\n\n",
+        "\n<think>\nagain\n</think>\n\nanswer",
+        "<think><think>x</think>y",
+        "<thi",
     ]
     for text in texts:
         for thinking in (True, False):

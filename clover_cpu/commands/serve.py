@@ -1,0 +1,105 @@
+"""`clover-cpu serve`: the OpenAI-compatible HTTP server (clover_cpu/server.py) on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from .run import shipped_model
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API, with a chat page",
+        description="Serve a GGUF model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's "
+        "request and response format, streaming with stream=true), GET /v1/models, /health, /metrics "
+        "(Prometheus) and a chat page at /. Up to --parallel requests decode together in shared forwards; "
+        "more wait in a queue (429 when it is full). Clover's decoding options (threshold, block_length, "
+        "window, reuse, ...) are extra fields of a request's body.",
+        epilog="examples:\n  clover-cpu serve                          # the shipped model on http://127.0.0.1:8080\n"
+        "  clover-cpu serve -m model.gguf --parallel 4 --api-key secret\n"
+        "  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-m", "--model", help="GGUF file (default: the small Clover shipped in the package)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--parallel", type=int, default=4, help="sequences decoded together (default 4)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: $CLOVER_API_KEY if set, else no key)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests waiting for a slot before new ones get 429 (default 64)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="the largest max_tokens a request may ask for (default: what the context holds)")
+    p.add_argument("--default-max-tokens", type=int, default=512,
+                   help="max_tokens of a chat request that gives none (default 512; completions: 16, as OpenAI)")
+    p.add_argument("--max-body", type=int, default=4 << 20, help="largest request body in bytes (default 4 MiB)")
+    p.add_argument("--alias", default=None, help="the model's name in the API (default: the file name)")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: one per physical core)")
+    p.add_argument("--ctx-len", type=int, default=None,
+                   help="context length per sequence (default: the model's, at most 32768 for the server)")
+    p.add_argument("--kv-type", choices=["f16", "q8_0", "f32"], default="f16", help="attention cache type")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="on SIGTERM / Ctrl-C, seconds to let requests finish before they are cancelled (default 10)")
+    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from clover_cpu.server import Settings, create_app
+    except ImportError as e:
+        raise ValueError(f"the server needs its dependencies ({e.name} is missing): pip install clover-cpu") from None
+    path = args.model or shipped_model()
+    if path is None:
+        raise ValueError("no model: pass -m MODEL.gguf (this installation ships none)")
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such file")
+    for name in ("parallel", "max_queue", "max_body", "default_max_tokens"):
+        if getattr(args, name) < (0 if name == "max_queue" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ValueError("--max-tokens must be >= 1")
+    if not 0 < args.port < 65536:
+        raise ValueError("--port must be in 1..65535")
+    key = args.api_key if args.api_key is not None else os.environ.get("CLOVER_API_KEY") or None
+    ctx = args.ctx_len
+    if ctx is None:
+        ctx = _default_ctx(path)
+    settings = Settings(path, parallel=args.parallel, api_key=key, max_queue=args.max_queue,
+                        max_body_bytes=args.max_body, max_tokens_limit=args.max_tokens,
+                        default_max_tokens=args.default_max_tokens, threads=args.threads, ctx_len=ctx,
+                        kv_type=args.kv_type, alias=args.alias)
+    app = create_app(settings)
+    where = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}"
+    print(f"clover-cpu serve: {Path(path).name} on {where} (chat page at {where}/, API at {where}/v1), "
+          f"{args.parallel} parallel sequences{', API key required' if key else ''}", file=sys.stderr)
+    # uvicorn stops gracefully on SIGINT / SIGTERM, then raises the signal again under the handlers it found:
+    # with these (which do nothing) the process ends with status 0 after a clean stop, without a traceback
+    got = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda n, _f: got.append(n))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=args.shutdown_timeout, access_log=args.log_level == "debug")
+    print("clover-cpu serve: stopped", file=sys.stderr)
+    return 0
+
+
+def _default_ctx(path) -> int | None:
+    """The file's context, capped at 32768 per sequence (each of --parallel sequences may grow to it)."""
+    try:
+        from clover_cpu.gguf_file import GGUFFile
+
+        with GGUFFile(path) as g:
+            arch = g.kv.get("general.architecture")
+            n = g.kv.get(f"{arch}.context_length")
+        return min(int(n), 32768) if n else None
+    except Exception:
+        return None

@@ -1,0 +1,222 @@
+"""Continuous batching for the server: one thread owns the model and decodes up to `parallel` sequences
+together. Each sequence is the decoding loop of clover_cpu.decode (decode_steps), which asks for
+forwards instead of running them; every round the engine takes one pending forward from each active
+sequence, runs them as one batched forward (Model.run_batch: one product per weight for all of them,
+each sequence on its own KV cache and recurrent state) and one output-head product over all the rows
+they need, and hands each sequence its logits. A sequence joins or leaves between rounds. Its events
+(tokens as they become final, the end, an error) go to the caller through a callback, from the engine
+thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .decode import Event, Forward, Options, decode_steps
+
+
+class QueueFull(Exception):
+    """The engine's queue holds its maximum of waiting requests."""
+
+
+class Cancelled(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    """One generation: prompt ids, decoding options, and `emit(kind, payload)` called from the engine
+    thread with ("event", Event), ("error", exception) or ("end", None) (always last)."""
+
+    prompt_ids: list
+    options: Options
+    emit: Callable
+    submitted: float = field(default_factory=time.perf_counter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    first_token_at: float | None = None
+    # engine state
+    steps: object = None
+    cache: object = None
+    pending: Forward | None = None
+
+    def cancel(self) -> None:
+        """Stop the generation: it leaves the batch before the next forward (the caller has gone)."""
+        self.cancelled.set()
+
+
+@dataclass
+class Metrics:
+    requests_total: int = 0
+    requests_failed: int = 0
+    requests_cancelled: int = 0
+    prompt_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    forwards_total: int = 0  # batched forwards the engine ran
+    sequence_forwards_total: int = 0  # per-sequence forwards in them (decoding statistics' "forwards")
+    busy_seconds_total: float = 0.0
+    rejected_total: int = 0
+
+
+class Engine:
+    """Runs Jobs on `model` with up to `parallel` sequences per batched forward; at most `max_queue`
+    jobs wait for a slot (submit raises QueueFull beyond that)."""
+
+    def __init__(self, model, *, parallel: int = 4, max_queue: int = 64):
+        if parallel < 1:
+            raise ValueError("parallel must be >= 1")
+        if max_queue < 0:
+            raise ValueError("max_queue must be >= 0")
+        self.model, self.parallel, self.max_queue = model, parallel, max_queue
+        self.metrics = Metrics()
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._active: list[Job] = []
+        self._free_caches: list = []
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="clover-engine", daemon=True)
+        self._thread.start()
+
+    # -- called from other threads --
+
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if self._stop:
+                raise RuntimeError("the engine is shutting down")
+            free = max(0, self.parallel - len(self._active))  # slots the next round admits into
+            if len(self._waiting) - free >= self.max_queue:
+                self.metrics.rejected_total += 1
+                raise QueueFull()
+            self._waiting.append(job)
+            self.metrics.requests_total += 1
+            self._cv.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    def shutdown(self, timeout: float | None = None, *, cancel: bool = False) -> None:
+        """Stop taking jobs; finish (or with cancel=True, cancel) the ones admitted or waiting."""
+        with self._cv:
+            self._stop = True
+            if cancel:
+                for j in (*self._waiting, *self._active):
+                    j.cancel()
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    # -- the engine thread --
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._active and not self._stop:
+                    self._cv.wait()
+                if self._stop and not self._waiting and not self._active:
+                    return
+                admitted = []
+                while self._waiting and len(self._active) + len(admitted) < self.parallel:
+                    admitted.append(self._waiting.popleft())
+            for job in admitted:
+                self._start(job)
+            self._active = [j for j in self._active if j.pending is not None]
+            if self._active:
+                self._round()
+
+    def _start(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            self._finish(job, Cancelled())
+            return
+        try:
+            job.cache = self._free_caches.pop() if self._free_caches else self.model.new_cache()
+            job.cache.clear()
+            job.steps = decode_steps(self.model, job.prompt_ids, job.options, job.cache)
+            self._advance(job, None, first=True)
+        except Exception as e:  # a request's bad options or prompt: that request fails, nothing else
+            self._finish(job, e)
+            return
+        if job.pending is not None:
+            self._active.append(job)
+
+    def _advance(self, job: Job, out, first: bool = False) -> None:
+        """Run the job's loop until it asks for its next forward (job.pending) or ends."""
+        job.pending = None
+        msg = next(job.steps) if first else job.steps.send(out)
+        while True:
+            if isinstance(msg, Forward):
+                job.pending = msg
+                return
+            self._deliver(job, msg)
+            if msg.kind == "done":
+                self._finish(job, None)
+                return
+            msg = next(job.steps)
+
+    def _deliver(self, job: Job, ev: Event) -> None:
+        if ev.kind == "tokens" and ev.tokens and job.first_token_at is None:
+            job.first_token_at = time.perf_counter()
+        if ev.kind == "done" and ev.stats is not None:
+            self.metrics.prompt_tokens_total += ev.stats.prompt_tokens
+            self.metrics.generated_tokens_total += ev.stats.generated_tokens
+            self.metrics.sequence_forwards_total += ev.stats.forwards
+        job.emit("event", ev)
+
+    def _finish(self, job: Job, error: BaseException | None) -> None:
+        job.pending = None
+        if job.steps is not None:
+            job.steps.close()
+            job.steps = None
+        if job.cache is not None:
+            if len(self._free_caches) < self.parallel:
+                self._free_caches.append(job.cache)
+            job.cache = None
+        if isinstance(error, Cancelled):
+            self.metrics.requests_cancelled += 1
+        elif error is not None:
+            self.metrics.requests_failed += 1
+            job.emit("error", error)
+        job.emit("end", None)
+
+    def _round(self) -> None:
+        """One batched forward over every active job's pending Forward."""
+        jobs = []
+        for j in self._active:
+            if j.cancelled.is_set():
+                self._finish(j, Cancelled())
+            else:
+                jobs.append(j)
+        if not jobs:
+            self._active = []
+            return
+        t0 = time.perf_counter()
+        fwds = [j.pending for j in jobs]
+        try:
+            hs = self.model.run_batch([(f.cache, f.tokens, f.commit, f.block) for f in fwds])
+            rows = [h[f.rows] for h, f in zip(hs, fwds) if f.rows]
+            logits = self.model.logits(np.ascontiguousarray(np.concatenate(rows))) if rows else None
+        except Exception as e:  # the model failed (corrupt weights, out of memory): these jobs fail
+            for j in jobs:
+                self._finish(j, e)
+            self._active = []
+            return
+        self.metrics.forwards_total += 1
+        self.metrics.busy_seconds_total += time.perf_counter() - t0
+        k = 0
+        for j, f in zip(jobs, fwds):
+            out = None
+            if f.rows:
+                out, k = logits[k : k + len(f.rows)], k + len(f.rows)
+            try:
+                self._advance(j, out)
+            except Exception as e:
+                self._finish(j, e)
+        self._active = [j for j in jobs if j.pending is not None]
