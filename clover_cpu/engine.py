@@ -40,6 +40,7 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_token_at: float | None = None
+    forwards: int = 0  # forwards that produced logits for it (each decoding forward, and the prompt's last)
     # engine state
     steps: object = None
     cache: object = None
@@ -215,6 +216,7 @@ class Engine:
             out = None
             if f.rows:
                 out, k = logits[k : k + len(f.rows)], k + len(f.rows)
+                j.forwards += 1
             try:
                 self._advance(j, out)
             except Exception as e:

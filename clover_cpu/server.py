@@ -775,18 +775,21 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
             obj.update(extra)
         return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
 
-    def pieces_to_chunks(pieces) -> list[str]:
+    def pieces_to_chunks(pieces, progress: dict | None = None) -> list[str]:
+        """Chunks of the reply's pieces; the first carries `clover_progress` (tokens and forwards so far, for
+        live speed and tokens-per-forward displays such as the chat page's)."""
         out = []
         for kind, v in pieces:
+            extra, progress = ({"clover_progress": progress} if progress else None), None
             if not chat:
-                out.append(chunk(text=v))
+                out.append(chunk(text=v, extra=extra))
             elif kind == "content":
-                out.append(chunk({"content": v}))
+                out.append(chunk({"content": v}, extra=extra))
             elif kind == "reasoning":
-                out.append(chunk({"reasoning_content": v}))
+                out.append(chunk({"reasoning_content": v}, extra=extra))
             elif kind == "tool_call":
                 index = next(i for i, c in enumerate(reply.calls) if c is v)
-                out.append(chunk({"tool_calls": [{"index": index, **v}]}))
+                out.append(chunk({"tool_calls": [{"index": index, **v}]}, extra=extra))
         return out
 
     mask = engine.model.config.mask_token_id
@@ -796,7 +799,7 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
         return [None if t == mask else tok.decode([t]) for t in block]
 
     async def stream():
-        stats = None
+        stats, generated = None, 0
         try:
             if chat:
                 yield chunk({"role": "assistant", "content": ""})
@@ -813,7 +816,9 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
                     yield "data: " + json.dumps(error_body(str(payload), type_="server_error")) + "\n\n"
                     break
                 if payload.kind == "tokens":
-                    for c in pieces_to_chunks(reply.feed(payload.tokens)):
+                    generated += len(payload.tokens)
+                    progress = {"completion_tokens": generated, "forwards": max(job.forwards, 1)}
+                    for c in pieces_to_chunks(reply.feed(payload.tokens), progress):
                         yield c
                     if reply.stopped:
                         job.cancel()
