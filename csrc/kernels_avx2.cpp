@@ -11,6 +11,7 @@
 #include "kernel_r16_256.h"
 #include "kernels.h"
 
+
 namespace clover {
 
 namespace {
@@ -328,14 +329,18 @@ struct DotMaddubs {
     static __m256i end(__m256i v, __m256i s) { return _mm256_add_epi32(v, _mm256_madd_epi16(s, _mm256_set1_epi16(1))); }
 };
 
-// k-quants: one token by the register tiles above, one weight row per tile (bound by memory; more rows
-// stream worse here, bench/NOTES.md change 9), two or more tokens by the lane tiles.
-template <template <int, int> class Tile, class Kind>
+// k-quants: up to MAX_TILE tokens by the register tiles above, one weight row per tile (bound by memory;
+// more rows stream worse here, bench/NOTES.md change 9) and up to 4 tokens per pass over it, each row
+// unpacked once per 4 tokens; more tokens by the lane tiles. On Zen 2 (no VNNI), 2 threads, the 248320 x
+// 2048 head: the lane tiles at 2 tokens took 2.2x (q4_K) and 2.8x (q6_K) one token's time, slower than two
+// one-token passes; these tiles take 1.65x and 1.37x, q6_K 2.4x at 4 tokens (lanes 4.3x), while q4_K's lane
+// tiles are as fast from 4 tokens on (bench/NOTES.md, serving).
+template <template <int, int> class Tile, class Kind, int MAX_TILE>
 void gemm_kquant(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
                  int64_t n0, int64_t n1) {
-    if (M != 1) return gemm_kquant_tiles<Kind>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+    if (M > MAX_TILE) return gemm_kquant_tiles<Kind>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
     const Args a{W, wrb, X, xrb, K, Y, ldy};
-    for (int64_t n = n0; n < n1; n++) Tile<1, 1>::run(a, n, 0);
+    for (int64_t n = n0; n < n1; n++) tokens<1, Tile>(a, n, M);
 }
 
 // The low-bit super-block types: one token by TileLow256 (RM_GEMV rows per tile), a few by its tiles of up
@@ -389,9 +394,9 @@ Kernels make_avx2() {
     gemm_tiled<TileBF16, 4, 2>,
     gemm_tiled<TileQ8_0, 1, 2>,
     gemm_tiled<TileQ4_0, 1, 2>,
-    gemm_kquant<TileQ4_K, KindQ45KV<DotMaddubs, false>>,
-    gemm_kquant<TileQ5_K, KindQ45KV<DotMaddubs, true>>,
-    gemm_kquant<TileQ6_K, KindQ6KV<DotMaddubs>>,
+    gemm_kquant<TileQ4_K, KindQ45KV<DotMaddubs, false>, 3>,
+    gemm_kquant<TileQ5_K, KindQ45KV<DotMaddubs, true>, 3>,
+    gemm_kquant<TileQ6_K, KindQ6KV<DotMaddubs>, 7>,
     gemm_r16<TileR16<DotMaddubs>>,
     };
     k.gemm_q4_1 = gemm_tiled<TileQ4_1, 1, 2>;

@@ -216,7 +216,9 @@ def test_kquant_tiles_cut_long_k_into_blocks(fmt, k, m, rng):
     # Where a whole group's activations would not fit in L1, its pass covers K one block at a time
     # and every row's partial sums carry over to the next block (k_block; at K = 16384 on any L1d
     # up to 64 KB, at 4096 on AVX-512 with a 32 KB one). A token's results do not depend on that:
-    # they equal, bit for bit, those of a two-token product (one group, whole K) of it and its pair.
+    # they equal, bit for bit, those of another product on the same lane tiles with other groups: 8 tokens
+    # (one group, whole K where 32 would be blocked) and 16 (the 8 twice). (Fewer tokens may take the
+    # one-row register tiles, which sum in another order: AVX2 up to 3 tokens of q4_K / q5_K, 7 of q6_K.)
     # 8 tokens: one group (rows unpacked as they pass); 32: several (rows stored and reloaded).
     if not SIMD_ISAS:
         pytest.skip("no SIMD path on this machine")
@@ -224,9 +226,13 @@ def test_kquant_tiles_cut_long_k_into_blocks(fmt, k, m, rng):
     x = rng.standard_normal((m, k)).astype(np.float32)
     for isa in SIMD_ISAS:
         full = kernels.matmul(x, q, fmt, isa=isa)
-        for t0 in sorted({0, 12 % m, m - 2}):
-            np.testing.assert_array_equal(full[t0:t0 + 2], kernels.matmul(x[t0:t0 + 2], q, fmt, isa=isa),
-                                          err_msg=f"{fmt} {isa} K={k} tokens {t0}, {t0 + 1}")
+        if m == 8:
+            twice = kernels.matmul(np.concatenate([x, x]), q, fmt, isa=isa)
+            np.testing.assert_array_equal(full, twice[:8], err_msg=f"{fmt} {isa} K={k} 8 tokens against 16")
+            np.testing.assert_array_equal(full, twice[8:], err_msg=f"{fmt} {isa} K={k} 8 tokens against 16")
+        for t0 in sorted({0, 12, m - 8}) if m > 8 else ():
+            np.testing.assert_array_equal(full[t0:t0 + 8], kernels.matmul(x[t0:t0 + 8], q, fmt, isa=isa),
+                                          err_msg=f"{fmt} {isa} K={k} tokens {t0}..{t0 + 7}")
         check_close(full, x.astype(np.float64) @ wd.T, TOL_FLOAT64[fmt], f"{fmt} {isa} K={k} M={m}")
 
 
