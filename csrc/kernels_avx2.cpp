@@ -332,9 +332,9 @@ struct DotMaddubs {
 // k-quants: up to MAX_TILE tokens by the register tiles above, one weight row per tile (bound by memory;
 // more rows stream worse here, bench/NOTES.md change 9) and up to 4 tokens per pass over it, each row
 // unpacked once per 4 tokens; more tokens by the lane tiles. On Zen 2 (no VNNI), 2 threads, the 248320 x
-// 2048 head: the lane tiles at 2 tokens took 2.2x (q4_K) and 2.8x (q6_K) one token's time, slower than two
-// one-token passes; these tiles take 1.65x and 1.37x, q6_K 2.4x at 4 tokens (lanes 4.3x), while q4_K's lane
-// tiles are as fast from 4 tokens on (bench/NOTES.md, serving).
+// 2048 head at 2 tokens: the lane tiles took 2.2x (q4_K) one token's time, these tiles 1.65x. q6_K stays
+// on the lane tiles from 2 tokens: with its tiles at 2-7 tokens (2.8x -> 1.37x on the head) a q6_K model's
+// 24-token forward left its one-token results by 0.19 in tests/test_convert.py (cause not found).
 template <template <int, int> class Tile, class Kind, int MAX_TILE>
 void gemm_kquant(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
                  int64_t n0, int64_t n1) {
@@ -396,7 +396,7 @@ Kernels make_avx2() {
     gemm_tiled<TileQ4_0, 1, 2>,
     gemm_kquant<TileQ4_K, KindQ45KV<DotMaddubs, false>, 3>,
     gemm_kquant<TileQ5_K, KindQ45KV<DotMaddubs, true>, 3>,
-    gemm_kquant<TileQ6_K, KindQ6KV<DotMaddubs>, 7>,
+    gemm_kquant<TileQ6_K, KindQ6KV<DotMaddubs>, 1>,
     gemm_r16<TileR16<DotMaddubs>>,
     };
     k.gemm_q4_1 = gemm_tiled<TileQ4_1, 1, 2>;
