@@ -120,8 +120,8 @@ class Cache:
 
     def clear(self) -> None:
         """Back to an empty context, keeping the memory: KV rows are simply no longer committed and GDN
-        states are zeroed in place. A fresh Cache costs page faults on its first writes (about 0.17 s on
-        the 35B shape's 60 MB of GDN state on this VM); a cleared one does not."""
+        states are zeroed in place. A fresh Cache costs page faults on its first writes (about 0.17 s for
+        the 35B shape's 60 MB of GDN state on a 2-core x86 VM); a cleared one does not."""
         self.n = 0
         self.tokens = []
         for a in (*self.ssm.values(), *self.conv.values()):

@@ -31,7 +31,7 @@ namespace {
 // 8.3-8.7 -> 5.5-6.4 ns per super-block row, 2 tokens 6.1-6.2 -> 4.7-4.8 per token, against 4 KB ahead
 // to L1 alone); several groups to L2 8 KB ahead (5 tokens 4.9 -> 3.4-3.5 ns per token against 2 KB).
 // kernels_avx512.cpp's kernel lost 14-25% at one token with the second prefetch and keeps it for two
-// or more. The AVX-VNNI instance, timed in session 18 on a Xeon with AVX-VNNI (bench/NOTES.md, after 49):
+// or more. The AVX-VNNI instance, timed on a Xeon with AVX-VNNI (bench/NOTES.md, after change 49):
 // in the model, against the file layout (the AVX2 GEMV at one token, the vpdpbusd lane tiles from two),
 // ~+15% at one token, +1 to +10% at 8, -4 to -12% at 32-128.
 template <class Dot>

@@ -16,9 +16,9 @@ namespace {
 // vpdpbusd: the int32 lanes are the chain, any length.
 struct DotVnni {
     using Sum = __m256i;
-    // kernel_r16_256.h's tile: 6 tokens per weight load. Against 4, on a Xeon with AVX-VNNI (session 18), the
+    // kernel_r16_256.h's tile: 6 tokens per weight load. Against 4, on a 2-core Xeon with AVX-VNNI, the
     // twin's forwards in alternating processes, median of 10 pairs: 32 tokens +13%, 128 +18% (per-pair
-    // ratios 0.92-1.37: this VM's noise is as wide as the effect).
+    // ratios 0.92-1.37: that machine's noise is as wide as the effect; bench/NOTES.md, change 49).
     static constexpr int R16_TOKENS = 6;
     static constexpr int chain(int) { return 1 << 20; }
     static __m256i start(__m256i v) { return v; }

@@ -32,7 +32,7 @@ constexpr int64_t MIN_PARALLEL_MACS = 1 << 21;
 
 // Rows per task: about 4 tasks per thread so dynamic scheduling can balance, at least one tile, at
 // most max_rows. A single-token product (GEMV) is bound by memory, not by the cores: one contiguous
-// task per thread streams better (512x2048 q4_K on this VM: 29-34 GB/s against 25-27 with 4 tasks
+// task per thread streams better (512x2048 q4_K on a 2-core x86 VM: 29-34 GB/s against 25-27 with 4 tasks
 // per thread), up to 1024 rows per task (a one-token forward of the twin 5% faster than with 256,
 // 1% slower uncapped: a noisy VM needs some balancing; bench/NOTES.md change 29).
 constexpr int64_t MAX_TASK_ROWS = 1024;
@@ -87,7 +87,7 @@ void will_need(const void*, size_t) {}
 // three slices is not), and move them after the others (keeping the order within each group), so the
 // cores work on resident experts while the disk reads. A page fault reads one readahead window around
 // the page, one fault at a time per thread; here every missing expert's slices are in flight at once
-// (600 KB ranges of a cold file on this VM: 0.10 -> 0.9-1.1 GB/s).
+// (600 KB ranges of a cold file on a 2-core x86 VM: 0.10 -> 0.9-1.1 GB/s).
 void prefetch_experts(std::vector<int64_t>& used, const ExpertsView& gate, const ExpertsView& up,
                       const ExpertsView& down) {
     std::vector<int64_t> warm, cold;
