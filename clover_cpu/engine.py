@@ -29,6 +29,10 @@ class Cancelled(Exception):
     pass
 
 
+class ForwardFailed(RuntimeError):
+    """A batched forward failed (corrupt weights, out of memory): every sequence in it ends with this."""
+
+
 @dataclass
 class Job:
     """One generation: prompt ids, decoding options, and `emit(kind, payload)` called from the engine
@@ -37,17 +41,26 @@ class Job:
     prompt_ids: list
     options: Options
     emit: Callable
+    want_steps: bool = False  # deliver "step" events (each denoising step's block); else they are dropped here
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    stopped: bool = False  # ended by its caller's choice (a stop string), not because the caller left
     first_token_at: float | None = None
     forwards: int = 0  # forwards that produced logits for it (each decoding forward, and the prompt's last)
     # engine state
     steps: object = None
     cache: object = None
     pending: Forward | None = None
+    ended: bool = False  # its ("end", None) was emitted
 
     def cancel(self) -> None:
         """Stop the generation: it leaves the batch before the next forward (the caller has gone)."""
+        self.cancelled.set()
+
+    def stop(self) -> None:
+        """Stop the generation because the caller has what it needs (a stop string): as cancel, but not
+        counted as a cancelled request."""
+        self.stopped = True
         self.cancelled.set()
 
 
@@ -59,7 +72,7 @@ class Metrics:
     prompt_tokens_total: int = 0
     generated_tokens_total: int = 0
     forwards_total: int = 0  # batched forwards the engine ran
-    sequence_forwards_total: int = 0  # per-sequence forwards in them (decoding statistics' "forwards")
+    sequence_forwards_total: int = 0  # per-sequence forwards in them that gave logits (as Job.forwards counts)
     busy_seconds_total: float = 0.0
     rejected_total: int = 0
 
@@ -127,11 +140,20 @@ class Engine:
                 admitted = []
                 while self._waiting and len(self._active) + len(admitted) < self.parallel:
                     admitted.append(self._waiting.popleft())
-            for job in admitted:
-                self._start(job)
-            self._active = [j for j in self._active if j.pending is not None]
-            if self._active:
-                self._round()
+            try:
+                for job in admitted:
+                    self._start(job)
+                self._active = [j for j in self._active if j.pending is not None]
+                if self._active:
+                    self._round()
+            except Exception as e:  # a bug here must not leave requests waiting forever: they fail, the loop goes on
+                for j in self._active + [j for j in admitted if j not in self._active]:
+                    if not j.ended:
+                        try:
+                            self._finish(j, e)
+                        except Exception:
+                            pass
+                self._active = []
 
     def _start(self, job: Job) -> None:
         if job.cancelled.is_set():
@@ -141,6 +163,7 @@ class Engine:
             job.cache = self._free_caches.pop() if self._free_caches else self.model.new_cache()
             job.cache.clear()
             job.steps = decode_steps(self.model, job.prompt_ids, job.options, job.cache)
+            self.metrics.prompt_tokens_total += len(job.prompt_ids)
             self._advance(job, None, first=True)
         except Exception as e:  # a request's bad options or prompt: that request fails, nothing else
             self._finish(job, e)
@@ -163,16 +186,16 @@ class Engine:
             msg = next(job.steps)
 
     def _deliver(self, job: Job, ev: Event) -> None:
-        if ev.kind == "tokens" and ev.tokens and job.first_token_at is None:
-            job.first_token_at = time.perf_counter()
-        if ev.kind == "done" and ev.stats is not None:
-            self.metrics.prompt_tokens_total += ev.stats.prompt_tokens
-            self.metrics.generated_tokens_total += ev.stats.generated_tokens
-            self.metrics.sequence_forwards_total += ev.stats.forwards
+        if ev.kind == "step" and not job.want_steps:
+            return
+        if ev.kind == "tokens":
+            if ev.tokens and job.first_token_at is None:
+                job.first_token_at = time.perf_counter()
+            self.metrics.generated_tokens_total += len(ev.tokens)
         job.emit("event", ev)
 
     def _finish(self, job: Job, error: BaseException | None) -> None:
-        job.pending = None
+        job.pending, job.ended = None, True
         if job.steps is not None:
             job.steps.close()
             job.steps = None
@@ -181,7 +204,7 @@ class Engine:
                 self._free_caches.append(job.cache)
             job.cache = None
         if isinstance(error, Cancelled):
-            self.metrics.requests_cancelled += 1
+            self.metrics.requests_cancelled += not job.stopped
         elif error is not None:
             self.metrics.requests_failed += 1
             job.emit("error", error)
@@ -203,10 +226,11 @@ class Engine:
         try:
             hs = self.model.run_batch([(f.cache, f.tokens, f.commit, f.block) for f in fwds])
             rows = [h[f.rows] for h, f in zip(hs, fwds) if f.rows]
-            logits = self.model.logits(np.ascontiguousarray(np.concatenate(rows))) if rows else None
+            logits = self.model.logits(np.concatenate(rows)) if rows else None
         except Exception as e:  # the model failed (corrupt weights, out of memory): these jobs fail
+            failed = ForwardFailed(f"the forward failed: {type(e).__name__}: {e}")
             for j in jobs:
-                self._finish(j, e)
+                self._finish(j, failed)
             self._active = []
             return
         self.metrics.forwards_total += 1
@@ -217,6 +241,7 @@ class Engine:
             if f.rows:
                 out, k = logits[k : k + len(f.rows)], k + len(f.rows)
                 j.forwards += 1
+                self.metrics.sequence_forwards_total += 1
             try:
                 self._advance(j, out)
             except Exception as e:

@@ -165,14 +165,16 @@ class Settings:
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over `limit` bytes gets 413 before the app reads it whole."""
+    """ASGI middleware: a request body over `limit` bytes gets 413 before the app reads it whole; counts the
+    HTTP requests in `counter.http_requests`."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, counter):
+        self.app, self.limit, self.counter = app, limit, counter
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        self.counter.http_requests += 1
         for k, v in scope.get("headers", []):
             if k == b"content-length":
                 try:
@@ -223,6 +225,7 @@ class State:
         self.http_requests = 0
         self.ttft_sum = 0.0
         self.ttft_n = 0
+        self.template = None  # the chat template requests render through (the file's, else ChatML)
 
     def load(self) -> None:
         s = self.settings
@@ -233,6 +236,12 @@ class State:
                 import clover_cpu
 
                 self.model = clover_cpu.load(s.model_path, threads=s.threads, ctx_len=s.ctx_len, kv_type=s.kv_type)
+            self.template = self.model.chat_template
+            if self.template is None:  # a file without one (a base model): ChatML, as llama-server falls back to
+                from .chat import ChatTemplate
+
+                self.template = ChatTemplate(CHATML, tokenizer=self.model.tokenizer,
+                                             special_tokens=self.model.tokenizer.special_token_strings())
             self.engine = Engine(self.model, parallel=s.parallel, max_queue=s.max_queue)
         except Exception as e:  # reported by /health and every request
             self.load_error = f"{type(e).__name__}: {e}"
@@ -280,11 +289,6 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(Exception)
     async def _unexpected(request, e: Exception):  # a bug: a JSON error, never a traceback to the client
         return JSONResponse(error_body(f"internal error: {type(e).__name__}", type_="server_error"), status_code=500)
-
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        state.http_requests += 1
-        return await call_next(request)
 
     def check_key(request: Request) -> None:
         key = settings.api_key
@@ -345,7 +349,7 @@ def create_app(settings: Settings) -> FastAPI:
         for bad in ("messages", "tools", "add_generation_prompt"):
             if bad in kwargs:
                 raise APIError(400, f"chat_template_kwargs may not set {bad}", "chat_template_kwargs")
-        prompt_ids, prompt_text = await run_in_threadpool(_render, model, messages, tools, kwargs)
+        prompt_ids, prompt_text = await run_in_threadpool(_render, model, state.template, messages, tools, kwargs)
         max_new = _max_tokens(body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
                               settings)
         opts = _options(body, max_new, model, len(prompt_ids))
@@ -386,7 +390,7 @@ def create_app(settings: Settings) -> FastAPI:
         reply = _Reply(model, stops=_stops(body.stop), thinking=False, tools=None, reasoning=False)
         return await _respond(state, engine, request, body, prompt_ids, opts, reply, chat=False)
 
-    return BodyLimitApp(app, settings.max_body_bytes)
+    return BodyLimitApp(app, settings.max_body_bytes, state)
 
 
 class BodyLimitApp(BodyLimit):
@@ -511,22 +515,18 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _render(model, messages, tools, kwargs) -> tuple[list[int], str]:
-    from .chat import ChatTemplate, ChatTemplateError
+def _render(model, template, messages, tools, kwargs) -> tuple[list[int], str]:
+    """Prompt ids of a conversation through `template` (the file's, or the ChatML fallback), rendered and
+    encoded as Model.apply_chat_template does: the template's control tokens are tokens, a control token's
+    text inside a message stays text. Also the prompt's last text, to see whether it opens <think>."""
+    from .chat import ChatTemplateError
 
     try:
-        if model.chat_template is not None:
-            ids = model.apply_chat_template(messages, tools=tools, tokenize=True, **kwargs)
-            text = model.tokenizer.decode(ids[-64:], skip_special=False)
-            return ids, text
-        # a file without a chat template (a base model): ChatML, as llama-server falls back to
-        if not hasattr(model, "_chatml"):
-            model._chatml = ChatTemplate(CHATML, tokenizer=model.tokenizer,
-                                         special_tokens=model.tokenizer.special_token_strings())
-        text = model._chatml.render(messages, tools=tools, add_generation_prompt=True, **kwargs)
-        return model.tokenize(text, special=False), text
+        text = template.render(messages, tools=tools, add_generation_prompt=True, mark=True, **kwargs)
+        ids = template.encode(text)
     except ChatTemplateError as e:
         raise APIError(400, f"the chat template failed: {e}", "messages") from None
+    return ids, model.tokenizer.decode(ids[-64:], skip_special=False)
 
 
 # ---- the reply: text as it streams, stop strings, reasoning, tool calls ----
@@ -540,12 +540,10 @@ class _Reply:
         from .chat import ReasoningSplitter
         from .toolcalls import ToolCallStream
 
-        self.model = model
         self.thinking = thinking  # the prompt opened a <think> block
         self.content: list[str] = []  # what was given out, by kind (the non-streamed answer joins them)
         self.reasoning: list[str] = []
-        self.ids: list[int] = []
-        self.emitted = ""  # text of self.ids given out so far
+        self.text = model.tokenizer.stream()
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.stopped = False
@@ -553,48 +551,23 @@ class _Reply:
         self.splitter = ReasoningSplitter(thinking) if reasoning else None
         self.tools = ToolCallStream(tools) if tools else None
         self.calls: list = []
-        self.incremental = getattr(model.tokenizer, "sp", None) is None and hasattr(model.tokenizer, "token_bytes")
-        self.bytes = b""
-        self.special = getattr(model.tokenizer, "special_ids", set())
-
-    def _new_text(self, ids) -> str:
-        if self.incremental:
-            self.bytes += b"".join(self.model.tokenizer.token_bytes(i) for i in ids if i not in self.special)
-            # the longest valid UTF-8 prefix; an incomplete character waits for its next token
-            for cut in range(len(self.bytes), max(-1, len(self.bytes) - 4), -1):
-                try:
-                    text = self.bytes[:cut].decode("utf-8")
-                except UnicodeDecodeError:
-                    continue
-                self.bytes = self.bytes[cut:]
-                return text
-            text = self.bytes.decode("utf-8", errors="replace")
-            self.bytes = b""
-            return text
-        self.ids.extend(ids)
-        text = self.model.detokenize(self.ids)
-        while text.endswith("\ufffd"):
-            text = text[:-1]
-        if not text.startswith(self.emitted):
-            return ""
-        new, self.emitted = text[len(self.emitted) :], text
-        return new
 
     def feed(self, ids) -> list[tuple[str, object]]:
         if self.stopped:
             return []
-        return self._keep(self._route(self._stop_check(self._new_text(ids), final=False)))
+        return self._keep(self._route(self._stop_check(self.text.add(ids), final=False)))
 
     def finish(self) -> list[tuple[str, object]]:
         out = []
         if not self.stopped:
-            tail = self.bytes.decode("utf-8", errors="replace") if self.incremental else ""
-            self.bytes = b""
-            out = self._route(self._stop_check(tail, final=True))
+            out = self._route(self._stop_check(self.text.finish(), final=True))
         if self.splitter is not None:
             out += self._route_parts(self.splitter.finish())
-        if self.tools is not None:
-            out += self._tool_parts(self.tools.finish())
+        if self.tools is not None:  # what the tool-call parser held back: text, or a last call
+            for kind, v in self.tools.finish():
+                if kind == "tool_call":
+                    self.calls.append(v)
+                out.append((kind, v))
         return self._keep(out)
 
     def _keep(self, pieces):
@@ -664,7 +637,7 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
     def emit(kind, payload):  # (the engine thread)
         loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
 
-    job = Job(prompt_ids, opts, emit)
+    job = Job(prompt_ids, opts, emit, want_steps=bool(body.show_steps))
     try:
         engine.submit(job)
     except QueueFull:
@@ -676,16 +649,37 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
     created = int(time.time())
     model_name = state.settings.alias
 
-    async def events():
-        """(kind, payload) from the engine until the end; cancels the job when the caller stops listening."""
-        try:
-            while True:
-                kind, payload = await queue.get()
-                if kind == "end":
-                    return
-                yield kind, payload
-        finally:
-            job.cancel()
+    waiting: list = []  # the pending queue.get(), kept across timeouts so that no event is lost
+    GONE = ("gone", None)
+
+    async def next_event(watch: bool):
+        """The engine's next (kind, payload), None after its last; GONE when `watch` and the client has
+        disconnected meanwhile (its job is cancelled then)."""
+        while True:
+            if not waiting:
+                waiting.append(asyncio.ensure_future(queue.get()))
+            done, _ = await asyncio.wait(waiting, timeout=0.25)
+            if done:
+                kind, payload = waiting.pop().result()
+                return None if kind == "end" else (kind, payload)
+            if watch and await request.is_disconnected():
+                job.cancel()
+                return GONE
+
+    def let_go():
+        job.cancel()  # (no effect once the job has ended)
+        for w in waiting:
+            w.cancel()
+
+    generated = 0  # tokens given to the reply (the usage after a stop string, which ends the job early)
+
+    def take_tokens(tokens) -> list:
+        nonlocal generated
+        generated += len(tokens)
+        pieces = reply.feed(tokens)
+        if reply.stopped:
+            job.stop()
+        return pieces
 
     def finish_reason(stats) -> str:
         if reply.calls:
@@ -695,7 +689,7 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
         return "length" if stats is not None and stats.generated_tokens >= opts.max_new_tokens else "stop"
 
     def usage(stats) -> dict:
-        n = stats.generated_tokens if stats else 0
+        n = stats.generated_tokens if stats else generated
         return {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n}
 
     def clover_stats(stats) -> dict:
@@ -706,30 +700,19 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
 
     if not body.stream:
         stats, error = None, None
-        gen = events()
         try:
-            while True:
-                get = asyncio.ensure_future(gen.__anext__())
-                while not get.done():
-                    done, _ = await asyncio.wait({get}, timeout=0.25)
-                    if not done and await request.is_disconnected():
-                        get.cancel()
-                        job.cancel()
-                        return JSONResponse(error_body("client disconnected"), status_code=499)
-                try:
-                    kind, payload = get.result()
-                except StopAsyncIteration:
-                    break
+            while (ev := await next_event(watch=True)) is not None:
+                if ev is GONE:
+                    return JSONResponse(error_body("client disconnected"), status_code=499)
+                kind, payload = ev
                 if kind == "error":
                     error = payload
                 elif payload.kind == "tokens":
-                    reply.feed(payload.tokens)
-                    if reply.stopped:
-                        job.cancel()
+                    take_tokens(payload.tokens)
                 elif payload.kind == "done":
                     stats = payload.stats
         finally:
-            await gen.aclose()
+            let_go()
         if error is not None and stats is None:
             raise _engine_error(error)
         reply.finish()
@@ -754,13 +737,15 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
                 "usage": usage(stats), "clover": clover_stats(stats)}
 
     # streamed: wait for the first event first, so that a request the engine refuses still gets its 4xx
-    gen = events()
     try:
-        first = await gen.__anext__()
-    except StopAsyncIteration:
-        first = None
-    if first is not None and first[0] == "error":
-        await gen.aclose()
+        first = await next_event(watch=True)
+    except BaseException:
+        let_go()
+        raise
+    if first is GONE or (first is not None and first[0] == "error"):
+        let_go()
+        if first is GONE:
+            return JSONResponse(error_body("client disconnected"), status_code=499)
         raise _engine_error(first[1])
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -800,34 +785,28 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
         return [None if t == mask else tok.decode([t]) for t in block]
 
     async def stream():
-        stats, generated = None, 0
+        stats = None
         try:
             if chat:
                 yield chunk({"role": "assistant", "content": ""})
-            pending = [first] if first is not None else []
-            while True:
-                if pending:
-                    kind, payload = pending.pop()
-                else:
-                    try:
-                        kind, payload = await gen.__anext__()
-                    except StopAsyncIteration:
-                        break
-                if kind == "error":
+            ev = first
+            while ev is not None:
+                kind, payload = ev
+                if kind == "error":  # (an error ends the stream: no finish_reason, no usage)
                     yield "data: " + json.dumps(error_body(str(payload), type_="server_error")) + "\n\n"
-                    break
+                    yield "data: [DONE]\n\n"
+                    return
                 if payload.kind == "tokens":
-                    generated += len(payload.tokens)
+                    pieces = take_tokens(payload.tokens)
                     progress = {"completion_tokens": generated, "forwards": max(job.forwards, 1)}
-                    for c in pieces_to_chunks(reply.feed(payload.tokens), progress):
+                    for c in pieces_to_chunks(pieces, progress):
                         yield c
-                    if reply.stopped:
-                        job.cancel()
                 elif payload.kind == "step" and body.show_steps:
                     yield chunk(None, extra={"clover_step": {"block": block_pieces(payload.block)}}) if chat else \
                         chunk(extra={"clover_step": {"block": block_pieces(payload.block)}})
                 elif payload.kind == "done":
                     stats = payload.stats
+                ev = await next_event(watch=False)  # (a disconnect cancels this generator: let_go)
             for c in pieces_to_chunks(reply.finish()):
                 yield c
             _record_ttft(state, job)
@@ -838,8 +817,7 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
                     chunk(extra={"usage": usage(stats), "clover": clover_stats(stats)})
             yield "data: [DONE]\n\n"
         finally:
-            job.cancel()
-            await gen.aclose()
+            let_go()
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -852,7 +830,7 @@ def _record_ttft(state: State, job: Job) -> None:
 
 
 def _engine_error(e: BaseException) -> APIError:
-    if isinstance(e, ValueError):
+    if isinstance(e, ValueError):  # the request's own options or prompt (a failed forward: ForwardFailed, a 500)
         return APIError(400, str(e))
     return APIError(500, f"generation failed: {type(e).__name__}: {e}", type_="server_error")
 

@@ -10,6 +10,7 @@ none, for text that must never turn into a token the template writes (see chat.p
 
 from __future__ import annotations
 
+import codecs
 import functools
 import os
 import threading
@@ -386,6 +387,10 @@ class Tokenizer:
             return self.sp.decode([i for i in ids if i < n])
         return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
 
+    def stream(self) -> TextStream:
+        """A decoder for ids that arrive a few at a time (TextStream)."""
+        return TextStream(self)
+
     def token_to_id(self, text: str) -> int | None:
         """The id of the token spelled `text` exactly (e.g. '<|im_end|>'), or None."""
         if self._hf is not None:
@@ -412,6 +417,42 @@ class Tokenizer:
     def added_tokens(self) -> list[str]:
         """Control and user-defined tokens: the strings that encode() can turn into a single token."""
         return [t for t, ty in zip(self.tokens, self.types) if ty in (CONTROL, USER_DEFINED) and t]
+
+
+class TextStream:
+    """The text of a growing id list, piece by piece, as it becomes final: a character whose UTF-8 bytes are
+    cut between tokens waits for the token that completes it (control tokens are left out, as decode does).
+    Byte-level vocabularies go through an incremental UTF-8 decoder; SentencePiece ones decode a short
+    window (from the last piece given out) so that each call costs the new ids, not the whole text."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tok = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace") if tokenizer.sp is None else None
+        self._ids: list[int] = []
+        self._prefix = 0  # SentencePiece: the window starts here; its text up to _read was given out
+        self._read = 0
+
+    def add(self, ids) -> str:
+        """The new text that `ids` (appended to the earlier ones) make final."""
+        if self._utf8 is not None:
+            special = self.tok.special_ids
+            return self._utf8.decode(b"".join(self.tok.token_bytes(int(i)) for i in ids if int(i) not in special))
+        self._ids.extend(int(i) for i in ids)
+        done = self.tok.decode(self._ids[self._prefix : self._read])
+        text = self.tok.decode(self._ids[self._prefix :])
+        if len(text) <= len(done) or text.endswith("\ufffd"):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(done) :]
+
+    def finish(self) -> str:
+        """What is held back at the end (an incomplete character as U+FFFD)."""
+        if self._utf8 is not None:
+            return self._utf8.decode(b"", final=True)
+        done = self.tok.decode(self._ids[self._prefix : self._read])
+        text = self.tok.decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return text[len(done) :]
 
 
 def _valid_text(text: str) -> str:

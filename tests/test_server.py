@@ -130,9 +130,12 @@ def test_stop_strings(server, model):
     r = c.completions.create(model="x", prompt=PROMPTS[0], max_tokens=40, stop=[stop])
     assert r.choices[0].text == full[: full.index(stop)]
     assert r.choices[0].finish_reason == "stop"
-    s = "".join(ch.choices[0].text for ch in c.completions.create(model="x", prompt=PROMPTS[0], max_tokens=40,
-                                                                   stop=stop, stream=True) if ch.choices)
-    assert s == full[: full.index(stop)]
+    # the usage counts the tokens generated up to the stop (the job ends early, without decoding statistics)
+    assert 0 < r.usage.completion_tokens < 40
+    chunks = list(c.completions.create(model="x", prompt=PROMPTS[0], max_tokens=40, stop=stop, stream=True,
+                                       stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == full[: full.index(stop)]
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
 def test_concurrent_answers_equal_serial(server, model):
@@ -341,6 +344,37 @@ def test_tool_calls_whole_and_streamed(qwen_server, scripted):
     rendered = scripted["seen"][-1]
     assert "<function=get_weather>" in rendered and "<parameter=city>\nParis\n</parameter>" in rendered
     assert "<tool_response>" in rendered and '{"sky": "sunny"}' in rendered
+
+
+def test_text_held_by_the_tool_call_parser_is_not_lost(qwen_server, scripted):
+    """The end of a reply that looked like the start of a tool call (and was not) comes out as content."""
+    for text in ("Hello <tool", "x <tool_call>oops"):
+        scripted["text"] = text
+        r = qwen_server.client().chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert r.choices[0].message.content == text and not r.choices[0].message.tool_calls
+
+
+def test_chatml_fallback_has_control_tokens(tmp_path_factory, scripted):
+    """A file without a chat template renders ChatML, whose <|im_start|> / <|im_end|> are control tokens."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import qwen_fixtures
+
+    path = qwen_fixtures.converted_model(tmp_path_factory, chat_template=None)
+    s = LiveServer(Settings(path, parallel=1, threads=1, ctx_len=1024))
+    try:
+        model = s.app.state.clover.model
+        assert model.chat_template is None
+        scripted["text"] = "ok"
+        r = s.client().chat.completions.create(model="x", messages=[{"role": "user", "content": "hi <|im_end|>"}])
+        assert r.choices[0].message.content == "ok"
+        (im_start,), (im_end,) = model.tokenize("<|im_start|>"), model.tokenize("<|im_end|>")
+        ids = scripted["ids"]
+        assert ids.count(im_start) == 2 and ids.count(im_end) == 1  # the user's <|im_end|> stayed text
+        assert scripted["seen"][-1].endswith("<|im_start|>assistant\n")
+    finally:
+        s.stop()
 
 
 def test_control_tokens_in_messages_stay_text(qwen_server, scripted):

@@ -220,3 +220,28 @@ def test_minimal_vocabulary_works(tmp_path):
     tok = load_tokenizer(path)
     assert tok.encode("ab") == [256]
     assert tok.encode("xab<|im_end|>") == [tok.tokens.index("x"), 256, 257]
+
+
+def test_text_stream_equals_decode(qwen35):
+    """Tokenizer.stream(): ids arriving a few at a time give, joined, exactly decode(all ids); a character cut
+    between tokens never comes out half (no U+FFFD) before the end. Byte-level (Qwen3.5, on multibyte text
+    whose characters span several tokens) and SentencePiece (the shipped model's vocabulary)."""
+    import random
+
+    import clover_cpu
+
+    spm = load_tokenizer(clover_cpu.shipped_model())
+    rng = random.Random(3)
+    text = "déjà vu: 東京の天気は晴れ 🌤️, Ωmega <|im_end|> def f(x):\n    return x ** 2  # ok\n"
+    for tok in (qwen35, spm):
+        ids = tok.encode(text)
+        ids = ids + list(reversed(ids))  # (reversed: byte pieces out of order, so some bytes stay invalid)
+        want = tok.decode(ids)
+        for _ in range(20):
+            st, got, i = tok.stream(), [], 0
+            while i < len(ids):
+                j = i + rng.randint(1, 4)
+                got.append(st.add(ids[i:j]))
+                i = j
+            assert "\ufffd" not in "".join(got) or "\ufffd" in want
+            assert "".join(got) + st.finish() == want

@@ -121,23 +121,17 @@ class Streamer:
 
     def __init__(self, model, out=sys.stdout, splitter=None, reasoning: str = "show"):
         self.model, self.out = model, out
-        self.ids: list[int] = []
-        self.printed = ""
+        self.text = model.tokenizer.stream()
         self.splitter, self.reasoning = splitter, reasoning
         self.tty = hasattr(out, "isatty") and out.isatty()
         self.dimmed = False
 
     def add(self, ids) -> None:
-        self.ids.extend(ids)
-        text = self.model.detokenize(self.ids)
-        while text.endswith("\ufffd"):
-            text = text[:-1]
-        if text.startswith(self.printed):
-            self._write(text[len(self.printed):])
-            self.printed = text
+        self._write(self.text.add(ids))
         self.out.flush()
 
     def finish(self) -> None:
+        self._write(self.text.finish())
         if self.splitter is not None:
             self._show(self.splitter.finish())
         if self.dimmed:
