@@ -333,13 +333,42 @@ class Tokenizer:
             raise TypeError(f"text must be a str, not {type(text).__name__}")
         text = _valid_text(text)
         if self.sp is not None:
-            return list(self.sp.encode(text))
+            return self._sp_encode(text, special)
         with self._lock:
             self._hf.encode_special_tokens = not special
             try:
                 return self._hf.encode(text, add_special_tokens=False).ids
             finally:
                 self._hf.encode_special_tokens = False
+
+    def _sp_encode(self, text: str, special: bool) -> list[int]:
+        """SentencePiece never makes a control or user-defined piece from text: those strings are matched here
+        first (control ones only with `special`, user-defined ones always, as the BPE path and llama.cpp
+        do), the text between them goes to SentencePiece."""
+        if not hasattr(self, "_sp_added"):
+            import re
+
+            def alternatives(strings):  # longest first, so that a token is never matched by its prefix
+                strings = sorted(strings, key=len, reverse=True)
+                return re.compile("|".join(map(re.escape, strings))) if strings else None
+
+            added = {t: i for i, (t, ty) in enumerate(zip(self.tokens, self.types)) if ty in (CONTROL, USER_DEFINED) and t}
+            self._sp_added = added
+            self._sp_match = {True: alternatives(added),
+                              False: alternatives([t for t, i in added.items() if self.types[i] == USER_DEFINED])}
+        pattern = self._sp_match[special]
+        if pattern is None:
+            return list(self.sp.encode(text))
+        ids: list[int] = []
+        pos = 0
+        for m in pattern.finditer(text):
+            if m.start() > pos:
+                ids += self.sp.encode(text[pos : m.start()])
+            ids.append(self._sp_added[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            ids += self.sp.encode(text[pos:])
+        return ids
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of `text` with no added token matched at all, control or user-defined: for text from a

@@ -245,3 +245,19 @@ def test_text_stream_equals_decode(qwen35):
                 i = j
             assert "\ufffd" not in "".join(got) or "\ufffd" in want
             assert "".join(got) + st.finish() == want
+
+
+def test_sentencepiece_control_tokens_in_text():
+    """A SentencePiece vocabulary (the shipped model's): a control token's text in a prompt becomes that token
+    with special=True and stays text otherwise (encode_plain too); a user-defined one (<|mask|>) is always
+    matched, as in the byte-level path (SentencePiece itself matches its user-defined pieces, in
+    encode_plain too)."""
+    import clover_cpu
+
+    tok = load_tokenizer(clover_cpu.shipped_model())
+    bos, mask = tok.token_to_id("<s>"), tok.token_to_id("<|mask|>")
+    plain = tok.encode_plain("a<s>b")
+    assert tok.encode("a<s>b") == tok.encode("a") + [bos] + tok.encode("b")
+    assert tok.encode("a<s>b", special=False) == plain and bos not in plain
+    assert tok.encode("x<|mask|>", special=False) == tok.encode("x") + [mask]
+    assert tok.decode(plain) == "a<s>b"  # (as text it round-trips)
