@@ -456,22 +456,9 @@ class Model:
         float32 logits [T, vocab] (or the final hidden states if logits=False)."""
         c = self.config
         self.file.check_unchanged()
-        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        ids, commit, block = self._check_span(cache, tokens, commit, block)
         if ids.size == 0:
-            return np.zeros((0, c.vocab_size), np.float32)
-        if ids.min() < 0 or ids.max() >= c.vocab_size:
-            raise ValueError(f"token ids must be in [0, {c.vocab_size})")
-        if cache.capacity_limit == 0:
-            cache.capacity_limit = self.ctx_len
-        if cache.n + ids.size > cache.capacity_limit:
-            raise ValueError(f"context full: {cache.n + ids.size} tokens exceed the context length {cache.capacity_limit}")
-        if block is not None:
-            block = operator.index(block)
-            if block < 1:
-                raise ValueError(f"block must be >= 1, got {block}")
-        commit = ids.size if commit is True else int(commit)
-        if not 0 <= commit <= ids.size:
-            raise ValueError(f"commit must be between 0 and {ids.size}")
+            return np.zeros((0, c.vocab_size if logits else c.n_embd), np.float32)
         pos = np.arange(cache.n, cache.n + ids.size, dtype=np.int32)
         x = kernels.dequantize(np.ascontiguousarray(self.embed.data[ids]), self.embed.fmt)
         prefetch = self._prefetching
@@ -492,9 +479,29 @@ class Model:
             x += self._moe(L, rmsnorm(x, L["post_norm"], c.eps), prefetch)
         self._update_prefetch()
         cache.n += commit
-        cache.tokens.extend(int(t) for t in ids[:commit])
+        cache.tokens.extend(ids[:commit].tolist())
         h = rmsnorm(x, self.output_norm, c.eps)
         return self.logits(h) if logits else h
+
+    def _check_span(self, cache: Cache, tokens, commit, block):
+        """A span's token ids, commit count and block as `run` takes them, checked against the vocabulary and
+        the cache's room (sets the cache's capacity limit to the context length on first use)."""
+        c = self.config
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= c.vocab_size):
+            raise ValueError(f"token ids must be in [0, {c.vocab_size})")
+        if cache.capacity_limit == 0:
+            cache.capacity_limit = self.ctx_len
+        if cache.n + ids.size > cache.capacity_limit:
+            raise ValueError(f"context full: {cache.n + ids.size} tokens exceed the context length {cache.capacity_limit}")
+        if block is not None:
+            block = operator.index(block)
+            if block < 1:
+                raise ValueError(f"block must be >= 1, got {block}")
+        commit = ids.size if commit is True else int(commit)
+        if not 0 <= commit <= ids.size:
+            raise ValueError(f"commit must be between 0 and {ids.size}")
+        return ids, commit, block
 
     def run_batch(self, spans) -> list[np.ndarray]:
         """Several sequences' spans in one forward (continuous batching): spans is a list of
@@ -513,21 +520,7 @@ class Model:
         for cache, tokens, commit, block in spans:
             if any(cache is it[0] for it in items):
                 raise ValueError("run_batch: each span needs its own cache")
-            ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-            if ids.size and (ids.min() < 0 or ids.max() >= c.vocab_size):
-                raise ValueError(f"token ids must be in [0, {c.vocab_size})")
-            if cache.capacity_limit == 0:
-                cache.capacity_limit = self.ctx_len
-            if cache.n + ids.size > cache.capacity_limit:
-                raise ValueError(f"context full: {cache.n + ids.size} tokens exceed the context length "
-                                 f"{cache.capacity_limit}")
-            if block is not None:
-                block = operator.index(block)
-                if block < 1:
-                    raise ValueError(f"block must be >= 1, got {block}")
-            commit = ids.size if commit is True else int(commit)
-            if not 0 <= commit <= ids.size:
-                raise ValueError(f"commit must be between 0 and {ids.size}")
+            ids, commit, block = self._check_span(cache, tokens, commit, block)
             items.append((cache, ids, commit, block, t, t + ids.size))
             ids_all.append(ids)
             t += ids.size
@@ -549,7 +542,7 @@ class Model:
         self._update_prefetch()
         for cache, ids_i, commit, _, _, _ in items:
             cache.n += commit
-            cache.tokens.extend(int(v) for v in ids_i[:commit])
+            cache.tokens.extend(ids_i[:commit].tolist())
         h = rmsnorm(x, self.output_norm, c.eps)
         return [h[t0:t1] for _, _, _, _, t0, t1 in items]
 
