@@ -55,10 +55,13 @@ void quantize_row_q4_0(const float* x, block_q4_0* y, int64_t k) {
 
 // ---- k-quants: ggml's reference quantizers (ggml-quants.c) ----
 
-// Weighted least-squares fit of x ~= scale * L - min with L in 0..nmax, searching nstep
-// candidate scales around nmax / (max - min) (make_qkx2_quants).
-float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
-                       uint8_t* Laux, float rmin, float rdelta, int nstep) {
+// Weighted fit of x ~= scale * L - min with L in 0..nmax, searching nstep candidate scales around
+// nmax / (max - min) (ggml's make_qkx2_quants): each candidate refit by least squares, the one with the
+// smallest error kept, the error summed as w * d^2 or (MAD, ggml's use_mad, for Q2_K) as w * |d|.
+template <bool MAD>
+float qkx2_fit(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min, uint8_t* Laux,
+               float rmin, float rdelta, int nstep) {
+    const auto err = [](float diff) { return MAD ? std::fabs(diff) : diff * diff; };  // (ggml b11434 squares first)
     float min = x[0], max = x[0];
     float sum_w = weights[0];
     float sum_x = sum_w * x[0];
@@ -80,8 +83,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
     for (int i = 0; i < n; ++i) {
         const int l = nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)std::max(0, std::min(nmax, l));
-        const float diff = scale * L[i] + min - x[i];
-        best_error += weights[i] * (diff * diff);  // (ggml b11434 squares first)
+        best_error += weights[i] * err(scale * L[i] + min - x[i]);
     }
     for (int is = 0; is <= nstep; ++is) {
         iscale = (rmin + rdelta * is + nmax) / (max - min);
@@ -104,10 +106,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
                 this_scale = sum_xl / sum_l2;
             }
             float cur_error = 0;
-            for (int i = 0; i < n; ++i) {
-                const float diff = this_scale * Laux[i] + this_min - x[i];
-                cur_error += weights[i] * (diff * diff);
-            }
+            for (int i = 0; i < n; ++i) cur_error += weights[i] * err(this_scale * Laux[i] + this_min - x[i]);
             if (cur_error < best_error) {
                 std::memcpy(L, Laux, n);
                 best_error = cur_error;
@@ -118,6 +117,11 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
     }
     *the_min = -min;
     return scale;
+}
+
+float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
+                       uint8_t* Laux, float rmin, float rdelta, int nstep) {
+    return qkx2_fit<false>(n, nmax, x, weights, L, the_min, Laux, rmin, rdelta, nstep);
 }
 
 // Symmetric fit x ~= scale * (L - nmax), refined over 18 candidate scales with weights x^2
@@ -669,5 +673,10 @@ const ActQuant& act_quant_ref() { return ACT_REF; }
 
 void quantize_act_q8_a(const float* x, block_q8_a* y, int64_t k) { act_quant().q8_a(x, y, k); }
 void quantize_act_q8_K(const float* x, block_q8_K* y, int64_t k) { act_quant().q8_K(x, y, k); }
+
+float make_qkx2_quants_mad(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
+                           uint8_t* Laux, float rmin, float rdelta, int nstep) {
+    return qkx2_fit<true>(n, nmax, x, weights, L, the_min, Laux, rmin, rdelta, nstep);
+}
 
 }  // namespace clover

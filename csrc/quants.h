@@ -54,6 +54,9 @@ struct QuantSearch {
     float (*qx)(int n, int nmax, const float* x, int8_t* L);
 };
 const QuantSearch& quant_search_ref();
+// make_qkx2_quants with ggml's use_mad: errors summed as w * |d| (the Q2_K quantizer's fit)
+float make_qkx2_quants_mad(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
+                           uint8_t* Laux, float rmin, float rdelta, int nstep);
 const QuantSearch* quant_search_avx2();  // null where the build has no AVX2 file
 // fast = true: use the active ISA's search (AVX2 results may differ from the scalar ones in rare
 // near-ties); false: the scalar reference everywhere.

@@ -32,71 +32,7 @@ void pack_2bit(const uint8_t* L, uint8_t* qs) {
 
 // ---- Q2_K ----
 
-// x ~= scale * L - the_min, L in 0..nmax, weighted least absolute deviation (make_qkx2_quants with
-// use_mad: the nstep + 1 candidate scales (rmin + rdelta * is + nmax) / (max - min) refit by least squares,
-// the one with the smallest sum of w |error| kept).
-float fit_qkx2_mad(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
-                   uint8_t* Laux, float rmin, float rdelta, int nstep) {
-    float min = x[0], max = x[0];
-    float sum_w = weights[0];
-    float sum_x = sum_w * x[0];
-    for (int i = 1; i < n; ++i) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        sum_w += weights[i];
-        sum_x += weights[i] * x[i];
-    }
-    if (min > 0) min = 0;
-    if (max == min) {
-        std::memset(L, 0, n);
-        *the_min = -min;
-        return 0.f;
-    }
-    float iscale = nmax / (max - min);
-    float scale = 1 / iscale;
-    float best_error = 0;
-    for (int i = 0; i < n; ++i) {
-        L[i] = (uint8_t)clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax);
-        const float diff = std::fabs(scale * L[i] + min - x[i]);
-        best_error += weights[i] * diff;
-    }
-    for (int is = 0; is <= nstep; ++is) {
-        iscale = (rmin + rdelta * is + nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; ++i) {
-            const int l = clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax);
-            Laux[i] = (uint8_t)l;
-            const float w = weights[i];
-            sum_l += w * l;
-            sum_l2 += w * l * l;
-            sum_xl += w * l * x[i];
-        }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float cur_error = 0;
-            for (int i = 0; i < n; ++i) {
-                const float diff = std::fabs(this_scale * Laux[i] + this_min - x[i]);
-                cur_error += weights[i] * diff;
-            }
-            if (cur_error < best_error) {
-                std::memcpy(L, Laux, n);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    *the_min = -min;
-    return scale;
-}
-
-// The same fit by weighted least squares with candidates clipped into 0..nmax before rounding
+// make_qkx2_quants' fit by weighted least squares with candidates clipped into 0..nmax before rounding
 // (make_qkx3_quants with weights, no use_mad).
 float fit_qkx3(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min, uint8_t* Laux,
                float rmin, float rdelta, int nstep) {
@@ -251,7 +187,7 @@ void quantize_q2_K_ref(const float* x, block_q2_K* y, int64_t nb) {
         float max_scale = 0, max_min = 0;
         for (int j = 0; j < QK_K / 16; ++j) {
             for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
-            scales[j] = fit_qkx2_mad(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15);
+            scales[j] = make_qkx2_quants_mad(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
