@@ -190,17 +190,19 @@ struct LowIQ2XXS {
     }
 };
 
+// IQ2_XS and IQ2_S: scales 2 s + 1 from the 16 nibbles of scales[8] (nibbles to bytes, then widened), d / 8
+inline void prepare_nibble_scales(const uint8_t* scales8, uint16_t d, PreScales& p) {
+    const __m128i raw = _mm_loadl_epi64((const __m128i*)scales8);
+    const __m128i nib = _mm_and_si128(_mm_unpacklo_epi8(raw, _mm_srli_epi16(raw, 4)), _mm_set1_epi8(0x0f));
+    p.sc = _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(nib), 1), _mm256_set1_epi16(1));
+    p.d = _cvtsh_ss(d) * 0.125f;
+}
+
 struct LowIQ2XS {
     using Block = block_iq2_xs;
     static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
     static constexpr int LANE_SHIFT = 6, LANE_QMAX = 107;  // (KindLowV: q in +-43, stored as q + 64)
-    static void prepare(const Block& b, PreScales& p) {
-        // 2 s + 1 for the 16 nibbles of scales[8]: nibbles to bytes, then widened
-        const __m128i raw = _mm_loadl_epi64((const __m128i*)b.scales);
-        const __m128i nib = _mm_and_si128(_mm_unpacklo_epi8(raw, _mm_srli_epi16(raw, 4)), _mm_set1_epi8(0x0f));
-        p.sc = _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(nib), 1), _mm256_set1_epi16(1));
-        p.d = _cvtsh_ss(b.d) * 0.125f;
-    }
+    static void prepare(const Block& b, PreScales& p) { prepare_nibble_scales(b.scales, b.d, p); }
     template <int v>
     static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
         const uint16_t* q = b.qs + 4 * v;
@@ -217,13 +219,7 @@ struct LowIQ2S {
     using Block = block_iq2_s;
     static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
     static constexpr int LANE_SHIFT = 6, LANE_QMAX = 107;  // (KindLowV: q in +-43, stored as q + 64)
-    static void prepare(const Block& b, PreScales& p) {
-        // 2 s + 1 for the 16 nibbles of scales[8]: nibbles to bytes, then widened
-        const __m128i raw = _mm_loadl_epi64((const __m128i*)b.scales);
-        const __m128i nib = _mm_and_si128(_mm_unpacklo_epi8(raw, _mm_srli_epi16(raw, 4)), _mm_set1_epi8(0x0f));
-        p.sc = _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(nib), 1), _mm256_set1_epi16(1));
-        p.d = _cvtsh_ss(b.d) * 0.125f;
-    }
+    static void prepare(const Block& b, PreScales& p) { prepare_nibble_scales(b.scales, b.d, p); }
     template <int v>
     static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
         const uint8_t* q = b.qs + 4 * v;

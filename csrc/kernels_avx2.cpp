@@ -148,8 +148,9 @@ using TileQ8_0 = TileQ8A<UnpackQ8_0>::T<RM, RN>;
 template <int RM, int RN>
 using TileQ4_0 = TileQ8A<UnpackQ4_0>::T<RM, RN>;
 
-// ---- k-quants against block_q8_K activations: the one-token products (gemm_kquant below uses these
-// tiles at one row by one token; two or more tokens run kernel_lanes256.h's) ----
+// ---- k-quants against block_q8_K activations: the products of few tokens (gemm_kquant below uses these
+// tiles at one row by up to 4 tokens, for one token, and up to 3 of q4_K / q5_K; more tokens run
+// kernel_lanes256.h's) ----
 // Per super-block and tile: int32 sums of scale * (q . x) per (row, token), then one float
 // multiply-add by d * x.d; the zero-point (mins, or q6_K's offset 32) goes through the q8_K
 // group sums: madd(mins per 16-group, bsums) scaled by dmin * x.d.
