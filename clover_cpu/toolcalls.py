@@ -10,7 +10,7 @@ Qwen3-Coder XML format):
     </tool_call>
 
 parsed into OpenAI `tool_calls` ({"id", "type": "function", "function": {"name", "arguments"}}, the
-arguments a JSON object text), as a whole reply (parse_tool_calls) or while it streams (ToolCallStream).
+arguments a JSON object text), while it streams (ToolCallStream; a whole reply is one feed and finish).
 A parameter's value is converted by the type the tool's JSON schema gives it (integer, number, boolean,
 object, array, null), as vLLM's and llama.cpp's Qwen3-Coder parsers do; without a schema type, a value
 that reads as JSON is taken as JSON, otherwise as a string.
@@ -97,38 +97,11 @@ def parse_call(body: str, types: dict) -> dict | None:
             "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
-def parse_tool_calls(text: str, tools=None) -> tuple[str, list]:
-    """(content, tool_calls) of a whole reply: the text outside the <tool_call> blocks, and the calls."""
-    types = _param_types(tools)
-    calls, parts = [], []
-    pos = 0
-    while True:
-        i = text.find(OPEN, pos)
-        if i < 0:
-            parts.append(text[pos:])
-            break
-        parts.append(text[pos:i])
-        j = text.find(CLOSE, i)
-        body = text[i + len(OPEN) : j if j >= 0 else len(text)]
-        call = parse_call(body, types)
-        if call is None:  # not a call after all: keep it as text
-            parts.append(text[i : j + len(CLOSE) if j >= 0 else len(text)])
-        else:
-            calls.append(call)
-        if j < 0:
-            break
-        pos = j + len(CLOSE)
-    content = "".join(parts)
-    if calls:
-        content = content.strip()
-    return content, calls
-
-
 class ToolCallStream:
     """Streamed reply text in, ("content", text) and ("tool_call", call) parts out: text before a
     <tool_call> passes through (held back only while it may be the start of the tag); a call is given
     whole once its </tool_call> arrives. finish() flushes what is left (an unclosed call is parsed as far
-    as it goes, as parse_tool_calls does)."""
+    as it goes; a body that is no call stays text)."""
 
     def __init__(self, tools=None):
         self.types = _param_types(tools)

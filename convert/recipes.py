@@ -47,10 +47,6 @@ def _is_attn_v(cat: str) -> bool:
     return cat in ("attn_v", "attn_qkv", "attn_kv_b")
 
 
-def _use_more_bits(i: int, n: int) -> bool:
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
 class LlamaRecipe:
     """Types in llama-quantize's order: call type_of for every tensor of the file, in file order."""
 
