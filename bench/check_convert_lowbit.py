@@ -1,4 +1,4 @@
-"""clover-cpu convert's low-bit recipes (q3_k_m, q2_k, iq4_xs, iq4_nl) against llama.cpp's llama-quantize on
+"""clover-cpu convert's low-bit recipes (q3_k_m, q3_k_s, q2_k, iq4_xs, iq4_nl) against llama.cpp's llama-quantize on
 the same input.
 
 Random checkpoints of three shapes (the tiny one, whose 64-wide rows make every 256-block type fall back;
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 import realfiles  # noqa: E402
 
-RECIPES = {"q3_k_m": "Q3_K_M", "q2_k": "Q2_K", "iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL"}
+RECIPES = {"q3_k_m": "Q3_K_M", "q3_k_s": "Q3_K_S", "q2_k": "Q2_K", "iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL"}
 FIXTURE = REPO / "tests" / "data" / "llama_quantize_recipes.json"
 # name -> (preset, overrides, mtp): the checkpoints tests/test_convert_lowbit.py rebuilds by these arguments
 SHAPES = {

@@ -28,7 +28,7 @@ from .recipes import FTYPES, LlamaRecipe
 from .safetensors_lazy import LazyTensor, close_files, open_checkpoint
 from .tokenizer import SPM_MODEL_KEY, Vocab, read_tokenizer
 
-OUT_TYPES = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "iq4_xs", "iq4_nl", "q3_k_m", "q2_k")
+OUT_TYPES = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "iq4_xs", "iq4_nl", "q3_k_m", "q3_k_s", "q2_k")
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18,
              "bf16": 32, **FTYPES}  # llama.cpp LlamaFileType
 GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q2_k": 10, "q3_k": 11,
@@ -275,6 +275,7 @@ def tensor_type(plan: TensorPlan, out_type: str, n_layer: int) -> str:
 RECIPE_TEXT = {
     "q3_k_m": "q3_k_m: llama-quantize's Q3_K_M (Q3_K; attn_v / attn_qkv Q5_K for the first two then Q4_K, ffn_down "
     "Q4_K (Q5_K in the first 16th of the layers), attn_output Q4_K, output Q6_K)",
+    "q3_k_s": "q3_k_s: llama-quantize's Q3_K_S (Q3_K everywhere, output Q6_K): the smallest 3-bit mix",
     "q2_k": "q2_k: llama-quantize's Q2_K (Q2_K; ffn_down and attn_output Q3_K, attn_v / attn_qkv Q4_K with 4+ "
     "query heads per KV head, output Q6_K)",
     "iq4_xs": "iq4_xs: llama-quantize's IQ4_XS (attn_v / attn_qkv Q5_K with 4+ query heads per KV head, ffn_down "

@@ -1,6 +1,6 @@
 """llama-quantize's choice of a type for each tensor (llama.cpp b11434, src/llama-quant.cpp
 llama_tensor_get_type_impl and tensor_type_fallback), for the low-bit recipes the converter writes: Q3_K_M,
-Q2_K, IQ4_XS and IQ4_NL. The choice depends on the tensor's category (from its name), on counters over the
+Q3_K_S, Q2_K, IQ4_XS and IQ4_NL. The choice depends on the tensor's category (from its name), on counters over the
 tensors in file order (the attn_v-like tensors seen so far), on the layer (parsed from the name) and on
 whether an importance matrix is given; a tensor whose rows are not whole blocks falls back to a smaller
 block. tests/test_convert_lowbit.py checks the choices against llama-quantize's on the same F16 files.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 
 # llama.cpp's llama_ftype numbers (general.file_type) and each recipe's base type
-FTYPES = {"q2_k": 10, "q3_k_m": 12, "iq4_nl": 25, "iq4_xs": 30}
-BASE = {"q2_k": "q2_k", "q3_k_m": "q3_k", "iq4_nl": "iq4_nl", "iq4_xs": "iq4_xs"}
+FTYPES = {"q2_k": 10, "q3_k_s": 11, "q3_k_m": 12, "iq4_nl": 25, "iq4_xs": 30}
+BASE = {"q2_k": "q2_k", "q3_k_s": "q3_k", "q3_k_m": "q3_k", "iq4_nl": "iq4_nl", "iq4_xs": "iq4_xs"}
 BLOCK_SIZE = {"f16": 1, "f32": 1, "q8_0": 32, "q4_0": 32, "q5_0": 32, "q5_1": 32, "q4_1": 32, "iq4_nl": 32,
               "q2_k": 256, "q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256, "iq4_xs": 256}
 # tensor_type_fallback: where a 256-block type does not fit the rows
@@ -97,7 +97,7 @@ class LlamaRecipe:
                 new = "q5_k"
         elif cat == "attn_output":
             if self.n_expert == 8:
-                if r in ("q2_k", "q3_k_m", "iq4_nl", "iq4_xs"):
+                if r in ("q2_k", "q3_k_s", "q3_k_m", "iq4_nl", "iq4_xs"):
                     new = "q5_k"
             elif r == "q2_k":
                 new = "q3_k"

@@ -1,4 +1,4 @@
-"""The converter's low-bit recipes (q3_k_m, q2_k, iq4_xs, iq4_nl) and its importance-matrix reader.
+"""The converter's low-bit recipes (q3_k_m, q3_k_s, q2_k, iq4_xs, iq4_nl) and its importance-matrix reader.
 
 The type of every tensor equals what llama.cpp b11434's llama-quantize chose for the same checkpoints
 (tests/data/llama_quantize_recipes.json, written by bench/check_convert_lowbit.py from llama-quantize runs
@@ -76,7 +76,7 @@ def _imatrix_for(ckpt: Path, tmp: Path) -> Path:
     return write_imatrix_gguf(tmp / "imatrix.gguf", entries, counts)
 
 
-@pytest.mark.parametrize("recipe", ["q3_k_m", "q2_k", "iq4_xs", "iq4_nl"])
+@pytest.mark.parametrize("recipe", ["q3_k_m", "q3_k_s", "q2_k", "iq4_xs", "iq4_nl"])
 def test_recipes_choose_as_llama_quantize(fixture, checkpoints, tmp_path, recipe):
     for shape, ckpt in checkpoints.items():
         for use_im in (False, True):

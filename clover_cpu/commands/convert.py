@@ -22,11 +22,11 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="the GGUF file to write")
     p.add_argument("--type", default="q4_k_m", choices=OUT_TYPES,
                    help="weight format, largest first (default: q4_k_m, llama.cpp's 4-bit recipe; q5_k_m its 5-bit "
-                   "one; iq4_xs, iq4_nl, q3_k_m and q2_k llama-quantize's recipes for small machines (the 35B model "
-                   "in ~15 GB at q3_k_m); norms and small tensors stay f32)")
+                   "one; iq4_xs, iq4_nl, q3_k_m, q3_k_s and q2_k llama-quantize's recipes for small machines (the "
+                   "35B model in 16.8 GB at q3_k_m, ~15 GB at q3_k_s); norms and small tensors stay f32)")
     p.add_argument("--threads", type=int, default=0, help="quantization threads (default: one per physical core)")
     p.add_argument("--imatrix", metavar="FILE", default=None,
-                   help="llama.cpp's importance matrix (from llama-imatrix: GGUF or legacy .dat) for the q2_k, q3_k_m, "
+                   help="llama.cpp's importance matrix (from llama-imatrix: GGUF or legacy .dat) for the q2_k, q3_k_s, q3_k_m, "
                    "iq4_xs and iq4_nl recipes: their low-bit tensors are quantized to keep the columns it weighs "
                    "most")
     p.add_argument("--no-mtp", action="store_true",
