@@ -59,7 +59,7 @@ class Profile:
                 cat = category(a) if callable(category) else category
                 self.t[cat] += time.perf_counter() - t0
                 if name == "matmul":
-                    x, w, fmt = a[0], a[1], a[2]
+                    x, w = a[0], a[1]
                     rows = w.shape[0]
                     k = x.shape[1]
                     self.flops[cat] += 2.0 * x.shape[0] * rows * k

@@ -20,8 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 import realfiles  # noqa: E402

@@ -5,14 +5,63 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import _core
+try:
+    from . import _core
+except ImportError as _missing:  # imported from a source checkout: the installed copy takes over
+    from ._checkout import installed_copy
+
+    _core = installed_copy(__name__, __file__, _missing)._core
 
 __version__ = "0.1.0"
 
 
 def system_info() -> dict:
-    """Which kernel path (ISA) runs, on how many threads, and what the CPU reports."""
+    """Which kernel path (ISA) runs, on how many threads, and what the CPU reports. Raises ValueError
+    when CLOVER_ISA or CLOVER_THREADS holds a value that cannot be used."""
+    check_environment()
     return _core.system_info()
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; os.cpu_count() where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def parse_threads(value, what: str = "--threads") -> int:
+    """A thread count given by a user (a flag or CLOVER_THREADS): an integer from 1 to the CPUs this
+    process may use, else ValueError naming `what`. More threads than CPUs only wait on each other."""
+    cpus = available_cpus()
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{what} must be a whole number of threads from 1 to {cpus}, got {value!r}") from None
+    if not 1 <= n <= cpus:
+        raise ValueError(f"{what} must be from 1 to {cpus} (the CPUs this process may use), got {n}; "
+                         "leave it out for one thread per physical core")
+    return n
+
+
+_environment_checked = False
+
+
+def check_environment() -> None:
+    """Apply CLOVER_THREADS and choose the kernels (CLOVER_ISA, else the best this CPU has). A bad value
+    raises ValueError naming the variable and what it accepts, here and on every later call (import
+    itself never fails on them, so the command line can report them in one line)."""
+    global _environment_checked
+    if _environment_checked:
+        return
+    value = os.environ.get("CLOVER_THREADS", "").strip()
+    if value:
+        _core.set_num_threads(parse_threads(value, "CLOVER_THREADS"))
+    try:
+        _core.system_info()
+    except ValueError as e:
+        raise ValueError(f"CLOVER_ISA: {e}") from None
+    _environment_checked = True
 
 
 def set_num_threads(n: int) -> None:
@@ -26,6 +75,7 @@ def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_typ
     clover_cpu.model.load for the options)."""
     from .model import load as _load
 
+    check_environment()
     return _load(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch, repack=repack)
 
 
@@ -46,17 +96,10 @@ def shipped_model() -> Path:
     return files[0]
 
 
-def _init_threads() -> None:
-    value = os.environ.get("CLOVER_THREADS")
-    if value:
-        try:
-            n = int(value)
-        except ValueError:
-            raise ValueError(f"CLOVER_THREADS must be an integer, got {value!r}") from None
-        set_num_threads(n)
+try:
+    check_environment()  # choose the ISA now, not in the middle of the first forward
+except ValueError:
+    pass  # reported by system_info(), load() and the command line
 
-
-_init_threads()
-system_info()  # choose the ISA now: a bad CLOVER_ISA fails at import, not mid-run
-
-__all__ = ["load", "load_tokenizer", "shipped_model", "system_info", "set_num_threads", "__version__"]
+__all__ = ["load", "load_tokenizer", "shipped_model", "system_info", "set_num_threads", "check_environment",
+           "__version__"]

@@ -9,6 +9,7 @@ the same loop is plain autoregressive decoding.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -101,6 +102,9 @@ def context_needed(used: int, prompt: int, new: int, block: int) -> int:
 
 
 
+MAX_BLOCK_LENGTH = 1024  # every denoising step runs the whole block: larger blocks only cost time
+
+
 @dataclass
 class Options:
     max_new_tokens: int = 256
@@ -120,16 +124,18 @@ class Options:
     def validate(self, ctx_len: int) -> None:
         if self.max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError("seed must be >= 0")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError("temperature must be a finite number >= 0")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0 (0 = off)")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
         if self.threshold is not None and not 0 < self.threshold <= 1:
             raise ValueError("threshold must be in (0, 1]")
-        if self.block_length is not None and self.block_length < 1:
-            raise ValueError("block_length must be >= 1")
+        if self.block_length is not None and not 1 <= self.block_length <= MAX_BLOCK_LENGTH:
+            raise ValueError(f"block_length must be from 1 to {MAX_BLOCK_LENGTH}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError("max_steps must be >= 1")
         if self.window < 0:
@@ -147,6 +153,7 @@ class Stats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     forwards: int = 0  # decoding forwards, commit forwards included (dInfer's count)
+    prefill_tokens: int = 0  # the prompt's whole blocks, run before decoding (the rest heads the first block)
     prefill_seconds: float = 0.0
     seconds: float = 0.0  # decoding time, after the prefill
     experts_touched: list = field(default_factory=list)
@@ -161,13 +168,14 @@ class Stats:
 
     @property
     def prefill_tokens_per_second(self) -> float:
-        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+        return self.prefill_tokens / self.prefill_seconds if self.prefill_tokens and self.prefill_seconds > 0 else 0.0
 
     def as_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens, "forwards": self.forwards,
             "tokens_per_forward": self.tokens_per_forward, "seconds": self.seconds,
-            "tokens_per_second": self.tokens_per_second, "prefill_seconds": self.prefill_seconds,
+            "tokens_per_second": self.tokens_per_second, "prefill_tokens": self.prefill_tokens,
+            "prefill_seconds": self.prefill_seconds,
             "prefill_tokens_per_second": self.prefill_tokens_per_second,
         }
 
@@ -268,6 +276,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
             out = yield Forward(cache, chunk, len(chunk), block_mode, [len(chunk) - 1] if last else [])
             if last:
                 carry = out[0]
+    stats.prefill_tokens = n_full
     stats.prefill_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     head = prompt[n_full:]

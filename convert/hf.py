@@ -559,7 +559,6 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
         log(f"split: {len(parts)} parts of at most {split_max_size / 1e9:.2f} GB of tensor data: {outs[0].name} ... "
             f"{outs[-1].name}")
     tmps = [o.with_name(f".{o.name}.partial-{os.getpid()}") for o in outs]
-    tmp = tmps[0]
     total_src = sum(p.src_bytes for p in plans)
     bar = Progress(len(plans), total_src) if progress else None
     n_params = n_bits = 0

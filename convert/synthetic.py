@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 import sysconfig
 import tempfile
@@ -21,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .safetensors_lazy import DTYPES, write_safetensors
+# absolute, so that `python convert/synthetic.py` works as well as `python -m clover_cpu.convert.synthetic`
+from clover_cpu.convert.safetensors_lazy import DTYPES, write_safetensors
 
 BASE = dict(
     hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -234,7 +234,7 @@ def _values(init: str, shape, rng, pool: _Pool, scale: float, start: int, count:
 
 
 def _encode(x: np.ndarray, dtype: str) -> bytes:
-    from .safetensors_lazy import to_bf16_bytes
+    from clover_cpu.convert.safetensors_lazy import to_bf16_bytes
 
     if dtype == "BF16":
         return to_bf16_bytes(x)

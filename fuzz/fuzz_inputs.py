@@ -23,7 +23,6 @@ tests/fuzz_regressions/TARGET/ so the normal test suite replays them.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile

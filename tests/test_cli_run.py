@@ -106,6 +106,8 @@ def test_ctrl_c_prints_what_was_final(gguf):
     d = json.loads(out)
     assert d["interrupted"] is True and "Traceback" not in err
     assert len(d["token_ids"]) < 4000
+    # what is known after Ctrl-C is still reported
+    assert d["prompt_tokens"] > 0 and d["generated_tokens"] == len(d["token_ids"]) and d["seconds"] > 0
 
 
 def test_ctrl_c_while_streaming(gguf):

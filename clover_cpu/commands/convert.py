@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .run import threads_arg
+
 
 def add_parser(sub) -> None:
     from clover_cpu.convert.hf import OUT_TYPES
@@ -24,7 +26,8 @@ def add_parser(sub) -> None:
                    help="weight format, largest first (default: q4_k_m, llama.cpp's 4-bit recipe; q5_k_m its 5-bit "
                    "one; iq4_xs, iq4_nl, q3_k_m, q3_k_s and q2_k llama-quantize's recipes for small machines (the "
                    "35B model in 16.8 GB at q3_k_m, ~15 GB at q3_k_s); norms and small tensors stay f32)")
-    p.add_argument("--threads", type=int, default=0, help="quantization threads (default: one per physical core)")
+    p.add_argument("--threads", type=threads_arg, default=None,
+                   help="quantization threads, from 1 to the CPUs available (default: one per physical core)")
     p.add_argument("--imatrix", metavar="FILE", default=None,
                    help="llama.cpp's importance matrix (from llama-imatrix: GGUF or legacy .dat) for the q2_k, q3_k_s, q3_k_m, "
                    "iq4_xs and iq4_nl recipes: their low-bit tensors are quantized to keep the columns it weighs "
@@ -56,12 +59,10 @@ def main(args: argparse.Namespace) -> int:
     from clover_cpu.convert.errors import ConvertError
     from clover_cpu.convert.hf import convert
 
-    if args.threads < 0:
-        raise ValueError("--threads must be >= 0")
     split = parse_size(args.split_max_size) if args.split_max_size is not None else 0
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr))
     try:
-        convert(args.src, args.output, out_type=args.type, threads=args.threads, force=args.force,
+        convert(args.src, args.output, out_type=args.type, threads=args.threads or 0, force=args.force,
                 log=log, progress=not args.quiet, mtp=not args.no_mtp, split_max_size=split, imatrix=args.imatrix)
     except ConvertError as e:
         print(f"clover-cpu convert: error: {e}", file=sys.stderr)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 MASK_GLYPH = "\u2591"  # light shade: an undecided position in --show-steps
@@ -18,6 +21,16 @@ def shipped_model() -> Path | None:
         return clover_cpu.shipped_model()
     except FileNotFoundError:
         return None
+
+
+def threads_arg(value: str) -> int:
+    """argparse type for --threads: 1 to the CPUs this process may use (clover_cpu.parse_threads)."""
+    import clover_cpu
+
+    try:
+        return clover_cpu.parse_threads(value, "--threads")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--threads ")) from None
 
 
 def add_parser(sub) -> None:
@@ -42,7 +55,9 @@ def add_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (repeatable runs)")
     p.add_argument("--threshold", type=float, default=None,
-                   help="confidence needed to commit a position, in (0, 1] (default: the file's, 0.95 for Clover)")
+                   help="confidence needed to commit a position, in (0, 1] (default: the file's own, "
+                   "clover.diffusion.threshold: 0.9 in the shipped model; `clover-cpu info FILE` shows it). Clover "
+                   "files only: autoregressive files decode one token per forward")
     p.add_argument("--block-length", type=int, default=None, help="tokens per diffusion block (default: the file's)")
     p.add_argument("--max-steps", type=int, default=None, help="denoising steps per block at most (default: block length)")
     p.add_argument("--window", type=int, default=0,
@@ -60,7 +75,8 @@ def add_parser(sub) -> None:
     p.add_argument("--scorer", choices=["prob", "margin", "entropy"], default="prob",
                    help="confidence of a position: candidate probability (default), top-2 margin, exp(-entropy)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
-    p.add_argument("--threads", type=int, default=None, help="threads (default: one per physical core)")
+    p.add_argument("--threads", type=threads_arg, default=None,
+                   help="threads, from 1 to the CPUs available (default: one per physical core)")
     p.add_argument("--ctx-len", type=int, default=None, help="context length to allow (default: the model's)")
     p.add_argument("--kv-type", choices=["f16", "q8_0", "f32"], default="f16",
                    help="attention cache element type (default f16; q8_0 halves its memory at long contexts)")
@@ -91,22 +107,24 @@ def options(args) -> dict:
         raise ValueError("--max-new-tokens must be >= 0")
     if args.threshold is not None and not 0 < args.threshold <= 1:
         raise ValueError("--threshold must be in (0, 1]")
-    if args.block_length is not None and args.block_length < 1:
-        raise ValueError("--block-length must be >= 1")
+    if args.block_length is not None and not 1 <= args.block_length <= 1024:
+        raise ValueError("--block-length must be from 1 to 1024")
     if args.max_steps is not None and args.max_steps < 1:
         raise ValueError("--max-steps must be >= 1")
     if args.window < 0:
         raise ValueError("--window must be >= 0 (0 = the whole block)")
     if args.window and args.max_steps is not None:
         raise ValueError("--window and --max-steps do not combine")
-    if args.temperature < 0:
-        raise ValueError("--temperature must be >= 0")
+    if not 0 <= args.temperature < float("inf"):
+        raise ValueError("--temperature must be a finite number >= 0")
     if args.top_k < 0:
         raise ValueError("--top-k must be >= 0")
+    if args.seed is not None and args.seed < 0:
+        raise ValueError("--seed must be >= 0 (leave it out for a different sample each run)")
+    if args.ctx_len is not None and args.ctx_len < 1:
+        raise ValueError("--ctx-len must be >= 1")
     if not 0 < args.top_p <= 1:
         raise ValueError("--top-p must be in (0, 1]")
-    if args.threads is not None and args.threads < 0:
-        raise ValueError("--threads must be >= 0")
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 seed=args.seed, threshold=args.threshold, block_length=args.block_length, max_steps=args.max_steps,
                 policy=args.policy, scorer=args.scorer, stop_at_eos=not args.ignore_eos, window=args.window,
@@ -164,6 +182,84 @@ def render_block(model, block, mask_id) -> str:
     return "".join(parts)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _clip_tail(text: str, columns: int) -> str:
+    """The end of `text` that fits `columns` terminal cells (wide characters take two)."""
+    out, used = [], 0
+    for ch in reversed(text):
+        w = 2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
+        if used + w > columns:
+            break
+        out.append(ch)
+        used += w
+    return "".join(reversed(out))
+
+
+class LineHold:
+    """A text stream that writes only whole lines to `out` and holds the line being written."""
+
+    def __init__(self, out):
+        self.out, self.partial = out, ""
+
+    def write(self, text: str) -> None:
+        text = self.partial + text
+        cut = text.rfind("\n") + 1
+        if cut:
+            self.out.write(text[:cut])
+        self.partial = text[cut:]
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def isatty(self) -> bool:
+        return self.out.isatty()
+
+
+class StepView:
+    """--show-steps where the text and the steps share one terminal (stdout and stderr both on it): the
+    text is printed in whole lines, and the line being written, followed by the current block (undecided
+    positions as \u2591), is a status line that each step redraws, so the steps never overwrite text.
+    Elsewhere the block goes to stderr: redrawn in place on a terminal, one line per step otherwise."""
+
+    def __init__(self, model, out, shared: bool):
+        self.model, self.shared = model, shared
+        self.tty = sys.stderr.isatty()
+        self.held = LineHold(out) if shared else None
+        self.drawn = False
+
+    def stream(self, out):
+        return self.held if self.shared else out
+
+    def clear(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.drawn = False
+
+    def step(self, block) -> None:
+        line = render_block(self.model, block, self.model.config.mask_token_id)
+        if not self.tty:
+            sys.stderr.write(f"[block] {line}\n")
+        else:
+            head = _ANSI.sub("", self.held.partial) if self.shared else "[block] "
+            if self.shared:
+                sys.stdout.flush()
+            visible = _clip_tail(head + line, shutil.get_terminal_size((80, 24)).columns - 1)
+            cut = len(visible) - min(len(line), len(visible))  # the block itself in reverse video
+            sys.stderr.write(f"\r\x1b[K{visible[:cut]}\x1b[7m{visible[cut:]}\x1b[0m")
+            self.drawn = True
+        sys.stderr.flush()
+
+    def finish(self, out) -> None:
+        self.clear()
+        if self.shared and self.held.partial:
+            out.write(self.held.partial)
+            self.held.partial = ""
+        out.flush()
+
+
 def splitter_for(model, prompt_text: str, args):
     """A ReasoningSplitter when the model has <think> tokens and --reasoning is not raw, else None."""
     from clover_cpu.chat import ReasoningSplitter, opens_thinking
@@ -174,29 +270,42 @@ def splitter_for(model, prompt_text: str, args):
 
 
 def generate(model, prompt, opts, args, out=sys.stdout, cache=None, prompt_text=None):
-    """Run one generation, streaming to `out` unless --json; returns (token ids, stats, interrupted)."""
+    """Run one generation, streaming to `out` unless --json; returns (token ids, stats, interrupted).
+    Interrupted (Ctrl-C), the stats hold what is known: the prompt's and the generated tokens and the
+    seconds so far (forwards is 0)."""
+    from clover_cpu.decode import Stats
+
     text = prompt_text if prompt_text is not None else (prompt if isinstance(prompt, str) else "")
-    streamer = None if args.json else Streamer(model, out, splitter_for(model, text, args), args.reasoning)
+    prompt_ids = model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    view = None
+    if args.show_steps:
+        shared = not args.json and out.isatty() and sys.stderr.isatty()
+        view = StepView(model, out, shared)
+    sink = view.stream(out) if view else out
+    streamer = None if args.json else Streamer(model, sink, splitter_for(model, text, args), args.reasoning)
     ids, stats, interrupted = [], None, False
-    tty = sys.stderr.isatty()
+    t0 = time.perf_counter()
     try:
-        for ev in model.generate(prompt, cache=cache, **opts):
+        for ev in model.generate(prompt_ids, cache=cache, **opts):
             if ev.kind == "tokens":
                 ids.extend(ev.tokens)
                 if streamer:
+                    if view:
+                        view.clear()
                     streamer.add(ev.tokens)
-            elif ev.kind == "step" and args.show_steps:
-                line = render_block(model, ev.block, model.config.mask_token_id)
-                sys.stderr.write(("\r\x1b[K" if tty else "") + f"[block] {line}" + ("" if tty else "\n"))
-                sys.stderr.flush()
+            elif ev.kind == "step" and view:
+                view.step(ev.block)
             elif ev.kind == "done":
                 stats = ev.stats
     except KeyboardInterrupt:
         interrupted = True
+        stats = Stats(prompt_tokens=len(prompt_ids), generated_tokens=len(ids), seconds=time.perf_counter() - t0)
+    if view:
+        view.clear()
     if streamer:
         streamer.finish()
-    if args.show_steps and tty:
-        sys.stderr.write("\r\x1b[K")
+    if view:
+        view.finish(out)
     return ids, stats, interrupted
 
 
@@ -215,10 +324,41 @@ def print_stats(stats, model, file=sys.stderr) -> None:
     import clover_cpu
 
     info = clover_cpu.system_info()
-    print(f"\n[stats] prompt {stats.prompt_tokens} tokens ({stats.prefill_tokens_per_second:.1f} tok/s prefill), "
+    if stats.prefill_tokens:
+        prompt = (f"prompt {stats.prompt_tokens} tokens ({stats.prefill_tokens} prefilled at "
+                  f"{stats.prefill_tokens_per_second:.1f} tok/s")
+        rest = stats.prompt_tokens - stats.prefill_tokens
+        prompt += f", {rest} decoded with the first block)" if rest else ")"
+    else:  # shorter than a block: the whole prompt heads the first block and has no prefill of its own
+        prompt = f"prompt {stats.prompt_tokens} tokens (decoded with the first block)"
+    print(f"\n[stats] {prompt}, "
           f"generated {stats.generated_tokens} tokens in {stats.seconds:.2f} s ({stats.tokens_per_second:.2f} tok/s), "
           f"{stats.forwards} forwards, {stats.tokens_per_forward:.2f} tokens/forward, "
           f"{info['isa']} x {info['threads']} threads", file=file)
+
+
+def json_stats(stats, interrupted: bool) -> dict:
+    """The statistics --json reports: all of them, or after Ctrl-C what is known (prompt_tokens,
+    generated_tokens, seconds, tokens_per_second)."""
+    if stats is None:
+        return {}
+    d = {k: v for k, v in stats.as_dict().items() if not k.startswith("prefill")}
+    if interrupted:
+        d = {k: d[k] for k in ("prompt_tokens", "generated_tokens", "seconds", "tokens_per_second")}
+    return d
+
+
+def warn_unused(model, args) -> None:
+    """A one-line note for diffusion flags given with an autoregressive file (they change nothing there)."""
+    if model.config.is_diffusion:
+        return
+    given = [f for f, v in (("--threshold", args.threshold), ("--block-length", args.block_length),
+                            ("--max-steps", args.max_steps), ("--window", args.window or None),
+                            ("--reuse", args.reuse or None), ("--show-steps", args.show_steps or None))
+             if v is not None]
+    if given:
+        print(f"clover-cpu run: note: {model.file.path.name} decodes autoregressively (one token per forward); "
+              f"{', '.join(given)} only apply to Clover (diffusion) files", file=sys.stderr)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -238,14 +378,13 @@ def main(args: argparse.Namespace) -> int:
     model = clover_cpu.load(path, threads=args.threads, ctx_len=args.ctx_len, kv_type=args.kv_type,
                             prefetch=args.prefetch, repack=args.repack)
     load_s = time.perf_counter() - t
+    warn_unused(model, args)
     if args.chat:
         return chat(model, opts, args)
     ids, stats, interrupted = generate(model, prompt, opts, args)
     if args.json:
         info = clover_cpu.system_info()
-        d = {**reply_fields(model, ids, prompt, args), "token_ids": ids}
-        if stats is not None:
-            d.update({k: v for k, v in stats.as_dict().items() if not k.startswith("prefill")})
+        d = {**reply_fields(model, ids, prompt, args), "token_ids": ids, **json_stats(stats, interrupted)}
         d.update(model=str(path), isa=info["isa"], threads=info["threads"], load_seconds=load_s,
                  interrupted=interrupted)
         print(json.dumps(d))
@@ -265,7 +404,14 @@ def chat(model, opts, args) -> int:
     rendering extends what is already committed. --json: one JSON object per turn on stdout."""
     tpl = model.chat_template
     if tpl is None:
-        raise ValueError(f"{model.file.path.name} has no chat template (tokenizer.chat_template); use -p instead")
+        name = model.file.path.name
+        shipped = shipped_model()
+        if shipped is not None and Path(model.file.path).resolve() == shipped.resolve():
+            raise ValueError(f"{name}, the model shipped in the package, is a small code-completion model with no "
+                             "chat template: give it code to continue with -p (e.g. -p \"def fibonacci(n):\"), "
+                             "or chat with a converted Clover or Qwen3.5-MoE file: -m FILE --chat")
+        raise ValueError(f"{name} has no chat template (tokenizer.chat_template), so it cannot chat: continue "
+                         "text with -p or -f, or convert a checkpoint whose tokenizer_config.json has one")
     kwargs = {} if args.think == "auto" else {"enable_thinking": args.think == "on"}
     messages: list[dict] = []
     cache = model.new_cache()
@@ -298,9 +444,7 @@ def chat(model, opts, args) -> int:
         out, stats, interrupted = generate(model, ids[cache.n :], opts, args, cache=cache, prompt_text=plain)
         fields = reply_fields(model, out, plain, args)
         if args.json:
-            d = {"role": "assistant", **fields, "token_ids": out}
-            if stats is not None:
-                d.update({k: v for k, v in stats.as_dict().items() if not k.startswith("prefill")})
+            d = {"role": "assistant", **fields, "token_ids": out, **json_stats(stats, interrupted)}
             d.update(reused_tokens=reused, interrupted=interrupted)
             print(json.dumps(d), flush=True)
         else:

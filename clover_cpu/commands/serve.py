@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
-from .run import shipped_model
+from .run import shipped_model, threads_arg
 
 
 def add_parser(sub) -> None:
@@ -41,7 +43,8 @@ def add_parser(sub) -> None:
                    help="max_tokens of a chat request that gives none (default 512; completions: 16, as OpenAI)")
     p.add_argument("--max-body", type=int, default=4 << 20, help="largest request body in bytes (default 4 MiB)")
     p.add_argument("--alias", default=None, help="the model's name in the API (default: the file name)")
-    p.add_argument("--threads", type=int, default=None, help="threads (default: one per physical core)")
+    p.add_argument("--threads", type=threads_arg, default=None,
+                   help="threads, from 1 to the CPUs available (default: one per physical core)")
     p.add_argument("--ctx-len", type=int, default=None,
                    help="context length per sequence (default: the model's, at most 32768 for the server)")
     p.add_argument("--kv-type", choices=["f16", "q8_0", "f32"], default="f16", help="attention cache type")
@@ -62,6 +65,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("no model: pass -m MODEL.gguf (this installation ships none)")
     if not Path(path).is_file():
         raise ValueError(f"{path}: no such file")
+    check_runnable(path)
     for name in ("parallel", "max_queue", "max_body", "default_max_tokens"):
         if getattr(args, name) < (0 if name == "max_queue" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
@@ -77,6 +81,7 @@ def main(args: argparse.Namespace) -> int:
                         max_body_bytes=args.max_body, max_tokens_limit=args.max_tokens,
                         default_max_tokens=args.default_max_tokens, threads=args.threads, ctx_len=ctx,
                         kv_type=args.kv_type, alias=args.alias)
+    sock = listen_socket(args.host, args.port)
     app = create_app(settings)
     where = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}"
     print(f"clover-cpu serve: {Path(path).name} on {where} (chat page at {where}/, API at {where}/v1), "
@@ -86,10 +91,51 @@ def main(args: argparse.Namespace) -> int:
     got = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda n, _f: got.append(n))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=args.shutdown_timeout, access_log=args.log_level == "debug")
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout,
+                            access_log=args.log_level == "debug")
+    server = uvicorn.Server(config)
+    with sock:
+        server.run(sockets=[sock])
+    if not server.started and not got:
+        print("clover-cpu serve: error: the server did not start (see the log above)", file=sys.stderr)
+        return 1
     print("clover-cpu serve: stopped", file=sys.stderr)
     return 0
+
+
+def check_runnable(path) -> None:
+    """Refuse, in one line and before the server starts, a file that is not a GGUF or that clover-cpu
+    cannot run (the model itself loads in the background while the server answers /health)."""
+    from clover_cpu.config import why_not_runnable
+    from clover_cpu.gguf_file import GGUFFile
+
+    with GGUFFile(path) as g:
+        why = why_not_runnable(g)
+    if why:
+        raise ValueError(f"{Path(path).name}: clover-cpu cannot run this file: {why}")
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a bad address or a port in use is one line (ValueError)
+    before anything starts; uvicorn serves on it."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError(f"--host {host}: not an address of this machine ({getattr(e, 'strerror', None) or e})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        hint = {errno.EADDRINUSE: ": another program listens there; choose another --port",
+                errno.EACCES: ": ports below 1024 need privileges; choose another --port",
+                errno.EADDRNOTAVAIL: ": not an address of this machine; see --host"}.get(e.errno, "")
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _default_ctx(path) -> int | None:
