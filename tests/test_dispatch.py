@@ -6,6 +6,7 @@ import platform
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import clover_cpu
@@ -63,8 +64,12 @@ def test_cli_info_system():
     assert info["isa"] == clover_cpu.system_info()["isa"]
     dotprod = clover_cpu.system_info()["cpu_features"].get("dotprod", False)
     assert info["q4_k_repack"] == (info["isa"] in ("avx2", "avxvnni", "avx512") or (info["isa"] == "neon" and dotprod))
+    # what a bug report needs: version, ISA chosen and available, threads, numpy, OS, CPU model
+    assert info["version"] == clover_cpu.__version__ and info["available_isas"] and info["threads"] >= 1
+    assert info["packages"]["numpy"] == np.__version__ and info["os"] and info["cpu_model"]
     r = subprocess.run([sys.executable, "-m", "clover_cpu", "info", "--system"], capture_output=True, text=True)
-    assert "kernels:" in r.stdout and "threads:" in r.stdout and "repack:" in r.stdout
+    for field in ("kernels:", "threads:", "repack:", "os:", "cpu model:", f"numpy {np.__version__}"):
+        assert field in r.stdout, field
 
 
 def test_cli_errors_are_one_line():

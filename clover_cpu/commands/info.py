@@ -43,11 +43,17 @@ def system(args) -> int:
     info["python"] = platform.python_version()
     info["version"] = clover_cpu.__version__
     info["q4_k_repack"] = kernels.has_native_q4_k_r16()
+    info["os"] = platform.platform()
+    info["cpu_model"] = cpu_model()
+    info["cpus_available"] = clover_cpu.available_cpus()
+    info["packages"] = package_versions()
     if args.json:
         print(json.dumps(info))
         return 0
     feats = ", ".join(k for k, v in info["cpu_features"].items() if v) or "none"
     print(f"clover-cpu {info['version']} on {info['machine']}, Python {info['python']}")
+    print(f"os:         {info['os']}")
+    print(f"cpu model:  {info['cpu_model']} ({info['cpus_available']} CPUs available to this process)")
     print(f"kernels:    {info['isa']} (available: {', '.join(info['available_isas'])}; CLOVER_ISA forces one)")
     print(f"threads:    {info['threads']} (default {info['default_threads']}: one per physical core)")
     print(f"cpu:        {feats}")
@@ -55,7 +61,34 @@ def system(args) -> int:
     repack = ("q4_k layer weights repacked at load where the file takes at most half the free memory"
               if info["q4_k_repack"] else "none: these kernels multiply the file layout")
     print(f"repack:     {repack} (run --repack)")
+    print("packages:   " + ", ".join(f"{k} {v}" for k, v in info["packages"].items()))
     return 0
+
+
+def cpu_model() -> str:
+    """The CPU's name as the system reports it (Linux: /proc/cpuinfo; else platform.processor())."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def package_versions() -> dict:
+    """Versions of the libraries clover-cpu runs on (what a bug report needs)."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("numpy", "gguf", "tokenizers", "sentencepiece", "jinja2", "fastapi", "uvicorn"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
 
 
 SHAPE_KEYS = ("context_length", "embedding_length", "block_count", "attention.head_count",
