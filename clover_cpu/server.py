@@ -675,6 +675,8 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
 
     def take_tokens(tokens) -> list:
         nonlocal generated
+        if reply.stopped:  # tokens the job made before it saw the stop: not part of the reply, not counted
+            return []
         generated += len(tokens)
         pieces = reply.feed(tokens)
         if reply.stopped:
@@ -689,7 +691,8 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
         return "length" if stats is not None and stats.generated_tokens >= opts.max_new_tokens else "stop"
 
     def usage(stats) -> dict:
-        n = stats.generated_tokens if stats else generated
+        # after a stop string: the tokens up to the one that completed it, however far the job had gone
+        n = generated if reply.stopped or stats is None else stats.generated_tokens
         return {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n}
 
     def clover_stats(stats) -> dict:

@@ -69,6 +69,7 @@ def test_run_refuses_bad_flags_in_one_line(extra):
 
 @pytest.mark.parametrize("args", [
     ["run"], ["run", "-p", "a", "-f", "x"], ["run", "-f", "/nonexistent"], ["run", "-f", "/"],
+    ["run", "-f", "/dev/zero"], ["run", "-m", "/dev/zero", "-p", "x"],
     ["info", "/nonexistent"], ["info", "/"], ["info", "/etc/passwd"], ["info"], ["bogus"], ["--bogus"],
     ["convert", "/nonexistent", "-o", "x.gguf"], ["convert", "/", "-o", "x.gguf"],
     ["bench", "--tests", "bogus", "--no-llama"], ["bench", "--threads", "0", "--no-llama"],
@@ -158,6 +159,19 @@ def test_chat_without_a_template_says_what_to_do(files):
         assert "tokenizer.chat_template" not in g.kv
     err = assert_one_line_error(cli("run", "-m", files["clover"], "--chat", stdin=b"hello\n"))
     assert "has no chat template" in err and "-p" in err
+
+
+def test_endless_input_is_refused(files):
+    """An endless stdin (a prompt or a chat message from /dev/zero) is refused in one line, before it fills
+    the memory."""
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run([*CLI, "run", "-f", "-"], stdin=zero, capture_output=True, timeout=120)
+        assert "longer than" in assert_one_line_error(r)
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run([*CLI, "run", "-m", str(files["ar"]), "--chat"], stdin=zero, capture_output=True,
+                           timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "longer than" in err and "Traceback" not in err, err
 
 
 def test_diffusion_flags_on_an_ar_file_are_noted(files):

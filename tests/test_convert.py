@@ -260,6 +260,7 @@ def test_cli_and_info(ckpts, tmp_path):
     assert r.returncode == 2 and "--force" in r.stderr
     r = run_cli("convert", ckpts["clover"], "-o", out, "--force", "--quiet")
     assert r.returncode == 0, r.stderr
+    assert r.stdout == "" and r.stderr == "", (r.stdout, r.stderr)  # --quiet: nothing but errors
     r = run_cli("info", out)
     assert r.returncode == 0, r.stderr
     assert "architecture:  clover" in r.stdout and "block_length=32" in r.stdout and "Q8_0" in r.stdout

@@ -337,6 +337,20 @@ def print_stats(stats, model, file=sys.stderr) -> None:
           f"{info['isa']} x {info['threads']} threads", file=file)
 
 
+MAX_PROMPT_BYTES = 16 << 20  # far more text than a 128K-token context holds
+
+
+def read_prompt_file(name: str) -> bytes:
+    """-f FILE (or - for stdin), at most MAX_PROMPT_BYTES: an endless source (/dev/zero, a pipe that never
+    ends) is refused instead of filling the memory."""
+    with (open(sys.stdin.fileno(), "rb", closefd=False) if name == "-" else open(name, "rb")) as f:
+        raw = f.read(MAX_PROMPT_BYTES + 1)
+    if len(raw) > MAX_PROMPT_BYTES:
+        raise ValueError(f"the prompt {'on stdin' if name == '-' else name} is longer than "
+                         f"{MAX_PROMPT_BYTES >> 20} MiB (more than any context holds)")
+    return raw
+
+
 def json_stats(stats, interrupted: bool) -> dict:
     """The statistics --json reports: all of them, or after Ctrl-C what is known (prompt_tokens,
     generated_tokens, seconds, tokens_per_second)."""
@@ -370,7 +384,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("no model: pass -m MODEL.gguf (this installation ships none)")
     if args.file:
         # bytes that are not UTF-8 become U+FFFD, as they do in -p (the tokenizer replaces them)
-        raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+        raw = read_prompt_file(args.file)
         prompt = raw.decode("utf-8", errors="replace")
     else:
         prompt = args.prompt
@@ -423,7 +437,9 @@ def chat(model, opts, args) -> int:
     print("chat: type a message and press Enter; an empty line or Ctrl-D ends.", file=sys.stderr)
     while True:
         try:
-            line = input("> ") if sys.stdin.isatty() else sys.stdin.readline()
+            line = input("> ") if sys.stdin.isatty() else sys.stdin.readline(MAX_PROMPT_BYTES + 1)
+            if len(line) > MAX_PROMPT_BYTES:
+                raise ValueError(f"a chat message is longer than {MAX_PROMPT_BYTES >> 20} MiB (more than any context holds)")
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return 0
