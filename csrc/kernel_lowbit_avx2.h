@@ -146,11 +146,18 @@ struct LowIQ4XS {
     static constexpr int LANE_SHIFT = -1, LANE_QMAX = 127;  // (KindLowV: -127..113 as magnitude and sign)
     static constexpr bool LANE_SIGNS = true;
     static void prepare(const Block& b, PreScales& p) {
-        int8_t ls[8];
-        decode_scales_iq4_xs(b, ls);
-        int16_t sc[16];
-        for (int j = 0; j < 8; j++) sc[2 * j] = sc[2 * j + 1] = ls[j];
-        set_scales(p, sc);
+        // decode_scales_iq4_xs in lanes: group j's 6-bit scale from nibble j of scales_l (bits 4j..4j+3 of
+        // its 32 bits) and bits 2j, 2j+1 of scales_h, minus 32; each dword then holds it twice (the int16
+        // scales of groups 2j and 2j+1 of 16). In registers: no 16 scalar stores read back as one vector.
+        uint32_t lo;
+        std::memcpy(&lo, b.scales_l, 4);
+        const __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i l = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)lo), _mm256_slli_epi32(j, 2)),
+                                           _mm256_set1_epi32(0xf));
+        const __m256i h = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b.scales_h), _mm256_add_epi32(j, j)),
+                                           _mm256_set1_epi32(3));
+        const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(h, 4)), _mm256_set1_epi32(32));
+        p.sc = _mm256_or_si256(_mm256_and_si256(ls, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(ls, 16));
         p.d = _cvtsh_ss(b.d);
     }
     template <int v>
