@@ -121,7 +121,7 @@ class Options:
     window: int = 0  # positions per denoising forward: the first `window` masked ones (0: the whole block)
     reuse: bool = False  # approximate: commit each block's final prefix as it forms, no block commit forward
 
-    def validate(self, ctx_len: int) -> None:
+    def validate(self) -> None:
         if self.max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
         if self.seed is not None and self.seed < 0:
@@ -235,7 +235,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
     """The decoding loop as a coroutine: yields Events, and Forwards whose logits the driver sends back
     (see Forward). Checks its arguments before the first yield."""
     c = model.config
-    opts.validate(model.ctx_len)
+    opts.validate()
     B = opts.block_length or c.block_length
     threshold = opts.threshold if opts.threshold is not None else c.threshold
     max_steps = opts.max_steps or B

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .decode import Options, context_needed
+from .decode import MAX_BLOCK_LENGTH, Options, context_needed
 from .engine import Engine, Job, QueueFull
 
 # ---- request bodies (OpenAI's schema; unknown fields are ignored) ----
@@ -82,7 +82,7 @@ class CloverFields(_Body):
     """Clover's decoding options, as `clover-cpu run` names and checks them."""
 
     threshold: Optional[float] = Field(None, gt=0, le=1)
-    block_length: Optional[int] = Field(None, ge=1, le=4096)
+    block_length: Optional[int] = Field(None, ge=1, le=MAX_BLOCK_LENGTH)
     max_steps: Optional[int] = Field(None, ge=1, le=4096)
     window: int = Field(0, ge=0, le=4096)
     reuse: bool = False
@@ -455,6 +455,10 @@ def _options(body: Sampling, max_new: int, model, n_prompt: int) -> Options:
                    threshold=body.threshold, block_length=body.block_length, max_steps=body.max_steps,
                    window=body.window, reuse=reuse, policy=body.policy, scorer=body.scorer,
                    stop_at_eos=not body.ignore_eos)
+    try:
+        opts.validate()  # the rules run and the Python API go through (the schema checks types and ranges it knows)
+    except ValueError as e:
+        raise APIError(400, str(e), str(e).split()[0]) from None
     c = model.config
     if reuse and not c.is_diffusion:
         raise APIError(400, "reuse needs a diffusion model; this one decodes autoregressively", "reuse")

@@ -164,7 +164,8 @@ def test_clover_fields(server, model):
     assert r.choices[0].text == want["text"]
     assert r.model_extra["clover"]["forwards"] == want["forwards"]
     for body, param in [({"threshold": 2}, "threshold"), ({"block_length": 0}, "block_length"),
-                        ({"policy": "nope"}, "policy"), ({"window": 2, "max_steps": 2}, "window")]:
+                        ({"policy": "nope"}, "policy"), ({"window": 2, "max_steps": 2}, "window"),
+                        ({"seed": -1}, "seed"), ({"block_length": 2000}, "block_length")]:
         e = httpx.post(server.url + "/v1/completions", json={"prompt": "a", **body})
         assert e.status_code == 400 and e.json()["error"]["param"] == param, (body, e.text)
 

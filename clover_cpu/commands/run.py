@@ -103,32 +103,24 @@ def add_parser(sub) -> None:
 
 
 def options(args) -> dict:
-    if args.max_new_tokens < 0:
-        raise ValueError("--max-new-tokens must be >= 0")
-    if args.threshold is not None and not 0 < args.threshold <= 1:
-        raise ValueError("--threshold must be in (0, 1]")
-    if args.block_length is not None and not 1 <= args.block_length <= 1024:
-        raise ValueError("--block-length must be from 1 to 1024")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise ValueError("--max-steps must be >= 1")
-    if args.window < 0:
-        raise ValueError("--window must be >= 0 (0 = the whole block)")
-    if args.window and args.max_steps is not None:
-        raise ValueError("--window and --max-steps do not combine")
-    if not 0 <= args.temperature < float("inf"):
-        raise ValueError("--temperature must be a finite number >= 0")
-    if args.top_k < 0:
-        raise ValueError("--top-k must be >= 0")
-    if args.seed is not None and args.seed < 0:
-        raise ValueError("--seed must be >= 0 (leave it out for a different sample each run)")
+    """The decoding options of the flags, checked before the model loads: decode.Options.validate (the one
+    set of rules the Python API and the server also go through), its messages naming the flags."""
+    from clover_cpu.decode import Options
+
     if args.ctx_len is not None and args.ctx_len < 1:
         raise ValueError("--ctx-len must be >= 1")
-    if not 0 < args.top_p <= 1:
-        raise ValueError("--top-p must be in (0, 1]")
-    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    opts = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 seed=args.seed, threshold=args.threshold, block_length=args.block_length, max_steps=args.max_steps,
                 policy=args.policy, scorer=args.scorer, stop_at_eos=not args.ignore_eos, window=args.window,
                 reuse=args.reuse)
+    try:
+        Options(**opts).validate()
+    except ValueError as e:
+        raise ValueError(_OPTION_NAME.sub(lambda m: "--" + m.group(1).replace("_", "-"), str(e))) from None
+    return opts
+
+
+_OPTION_NAME = re.compile(r"\b(max_new_tokens|seed|temperature|top_k|top_p|threshold|block_length|max_steps|window)\b")
 
 
 class Streamer:
