@@ -329,7 +329,7 @@ def print_stats(stats, model, file=sys.stderr) -> None:
           f"{info['isa']} x {info['threads']} threads", file=file)
 
 
-MAX_PROMPT_BYTES = 16 << 20  # far more text than a 128K-token context holds
+MAX_PROMPT_BYTES = 16 << 20  # far more text than a 128K-token context holds (bytes of -f, characters of a chat line)
 
 
 def read_prompt_file(name: str) -> bytes:
@@ -431,7 +431,8 @@ def chat(model, opts, args) -> int:
         try:
             line = input("> ") if sys.stdin.isatty() else sys.stdin.readline(MAX_PROMPT_BYTES + 1)
             if len(line) > MAX_PROMPT_BYTES:
-                raise ValueError(f"a chat message is longer than {MAX_PROMPT_BYTES >> 20} MiB (more than any context holds)")
+                raise ValueError(f"a chat message is longer than {MAX_PROMPT_BYTES >> 20} Mi characters (more than "
+                                 "any context holds)")
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return 0

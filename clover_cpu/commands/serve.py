@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("no model: pass -m MODEL.gguf (this installation ships none)")
     if not Path(path).is_file():
         raise ValueError(f"{path}: no such file")
-    check_runnable(path)
+    file_ctx = check_runnable(path)
     for name in ("parallel", "max_queue", "max_body", "default_max_tokens"):
         if getattr(args, name) < (0 if name == "max_queue" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
@@ -75,8 +75,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("--port must be in 1..65535")
     key = args.api_key if args.api_key is not None else os.environ.get("CLOVER_API_KEY") or None
     ctx = args.ctx_len
-    if ctx is None:
-        ctx = _default_ctx(path)
+    if ctx is None and file_ctx:
+        ctx = min(file_ctx, 32768)  # each of --parallel sequences may grow to it
     settings = Settings(path, parallel=args.parallel, api_key=key, max_queue=args.max_queue,
                         max_body_bytes=args.max_body, max_tokens_limit=args.max_tokens,
                         default_max_tokens=args.default_max_tokens, threads=args.threads, ctx_len=ctx,
@@ -103,16 +103,20 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_runnable(path) -> None:
+def check_runnable(path) -> int | None:
     """Refuse, in one line and before the server starts, a file that is not a GGUF or that clover-cpu
-    cannot run (the model itself loads in the background while the server answers /health)."""
+    cannot run (the model itself loads in the background while the server answers /health); the file's
+    context length."""
     from clover_cpu.config import why_not_runnable
     from clover_cpu.gguf_file import GGUFFile
 
     with GGUFFile(path) as g:
         why = why_not_runnable(g)
+        arch = g.kv.get("general.architecture")
+        n = g.kv.get(f"{arch}.context_length")
     if why:
         raise ValueError(f"{Path(path).name}: clover-cpu cannot run this file: {why}")
+    return int(n) if n else None
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -136,16 +140,3 @@ def listen_socket(host: str, port: int) -> socket.socket:
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}{hint}") from None
     sock.set_inheritable(True)
     return sock
-
-
-def _default_ctx(path) -> int | None:
-    """The file's context, capped at 32768 per sequence (each of --parallel sequences may grow to it)."""
-    try:
-        from clover_cpu.gguf_file import GGUFFile
-
-        with GGUFFile(path) as g:
-            arch = g.kv.get("general.architecture")
-            n = g.kv.get(f"{arch}.context_length")
-        return min(int(n), 32768) if n else None
-    except Exception:
-        return None
