@@ -6,8 +6,9 @@
 # 1. `pip wheel . --no-deps` with scikit-build-core's build folder at $BUILD_DIR (default build/wheel, so a
 #    rebuild only recompiles what changed); the raw linux_* wheel goes to $RAW_DIR (default build/wheel-raw).
 #    When this Python already has the build requirements (scikit-build-core >= 0.10, pybind11 >= 2.12) the
-#    build runs without pip's build isolation: an isolated build gets a new temporary pybind11 folder every
-#    time, and the changed include path recompiles everything. BUILD_ISOLATION=1 forces isolation (releases).
+#    build runs without pip's build isolation: in a fresh isolated environment scikit-build-core clears the
+#    build folder (its own path changed), so everything is compiled again. BUILD_ISOLATION=1 forces isolation
+#    (releases).
 #    CLOVER_NATIVE is forced OFF: no -march=native, the runtime ISA dispatch (dispatch.cpp) picks the
 #    AVX2 / AVX-512 / AVX-VNNI kernels on the user's CPU, so one wheel serves every x86-64 CPU.
 # 2. `auditwheel repair` into OUT_DIR: the most compatible manylinux policy this build satisfies (it follows
