@@ -16,12 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def isa_files() -> dict[str, list[str]]:
-    """source file -> its COMPILE_OPTIONS, read from CMakeLists.txt"""
-    text = (ROOT / "CMakeLists.txt").read_text()
+    """source file -> its COMPILE_OPTIONS, read from csrc/CMakeLists.txt (where the extension is defined)"""
+    text = (ROOT / "csrc" / "CMakeLists.txt").read_text()
     out = {}
     for files, opts in re.findall(r"set_source_files_properties\(([^)]*?)PROPERTIES COMPILE_OPTIONS\s*\"([^\"]+)\"", text):
         for f in files.split():
-            out[f] = opts.split(";")
+            out[f"csrc/{f}"] = opts.split(";")
     return out
 
 
