@@ -17,6 +17,7 @@ import numpy as np
 
 SCORERS = ("prob", "margin", "entropy")
 POLICIES = ("threshold", "fixed")
+MODES = ("exact", "auto")
 
 
 # ---- sampling and scoring: pure functions over one step's logits ----
@@ -87,6 +88,71 @@ def commit_top_k(conf: np.ndarray, k: int) -> np.ndarray:
     return np.sort(np.argsort(-conf, kind="stable")[: max(1, min(k, conf.size))])
 
 
+# ---- mode auto: the window of each forward ----
+
+
+class AutoWindow:
+    """`--mode auto`'s choice of how many masked positions a forward computes (its window), with reuse.
+
+    A forward with window w computes the block's newly final tokens (they enter the caches with it) and
+    the block from its first undecided position up to the w-th; it costs cost(positions, w rows of the
+    head) on this machine (clover_cpu.costs) plus the step's own work around it (sampling, streaming: a
+    running average of each step's wall time beyond its forward's cost), and commits every candidate
+    whose confidence reaches the threshold, at least one. The expected tokens of window w are
+    max(1, a_0 + ... + a_{w-1}), where a_j is the running rate at which the j-th candidate of a forward
+    reached the threshold in this request (counts decayed by MEMORY per forward; PRIOR with the weight of
+    one observation; where an offset was not seen lately, half the rate of the offset before it, so a
+    window widens one position at a time as the model grows confident, and a window that went out of
+    use is tried again once the positions before it promise enough). Each forward takes the window with the most expected
+    tokens per second (the smallest on ties): one position where the model commits one token per step,
+    wide where it is sure."""
+
+    MEMORY = 0.9
+    PRIOR = 0.5
+    KNOWN = 0.3  # a single observation counts for about 11 forwards
+    UNSEEN = 0.7  # an unseen offset: this share of the one before it
+
+    def __init__(self, cost, block: int):
+        self.cost = cost
+        self.body = np.array([cost(T, 0) for T in range(2 * block + 1)])  # T positions, T < 2 x block
+        self.head = np.array([0.0] + [cost(1, r) - cost(1, 0) for r in range(1, block + 1)])
+        self.hits = np.zeros(block)
+        self.seen = np.zeros(block)
+        self.overhead = 0.0
+
+    def rates(self, n: int) -> np.ndarray:
+        """a_0 .. a_{n-1}: each offset's smoothed rate where it was seen lately (decayed count >= KNOWN),
+        else half its predecessor's (PRIOR for the first): a window is widened one step at a time, by
+        what the positions before the new ones promise; never rising with the offset."""
+        est = (self.hits[:n] + self.PRIOR) / (self.seen[:n] + 1.0)
+        a = np.empty(n)
+        prev = 2 * self.PRIOR
+        for j in range(n):
+            a[j] = prev = min(prev, est[j] if self.seen[j] >= self.KNOWN else prev * self.UNSEEN)
+        return a
+
+    def window(self, new_final: int, undecided: list) -> int:
+        """The window for a forward that carries `new_final` tokens into the caches, over the block's
+        undecided positions (ascending)."""
+        n = len(undecided)
+        u = np.asarray(undecided)
+        positions = np.minimum(new_final + u - u[0] + 1, len(self.body) - 1)
+        seconds = self.body[positions] + self.head[1 : n + 1] + self.overhead
+        rate = np.maximum(1.0, np.cumsum(self.rates(n))) / seconds
+        return int(np.argmax(rate)) + 1  # the first maximum: the smallest window on ties
+
+    def observe(self, reached, seconds: float, positions: int) -> None:
+        """After a forward of `positions` positions whose step took `seconds` of wall time: reached[j],
+        whether its j-th candidate reached the threshold."""
+        n = len(reached)
+        forward = self.cost(positions, n)
+        self.overhead = 0.8 * self.overhead + 0.2 * max(0.0, seconds - forward)
+        self.hits *= self.MEMORY
+        self.seen *= self.MEMORY
+        self.hits[:n] += np.asarray(reached, dtype=np.float64)
+        self.seen[:n] += 1.0
+
+
 # ---- options and results ----
 
 
@@ -120,6 +186,9 @@ class Options:
     stop_at_eos: bool = True
     window: int = 0  # positions per denoising forward: the first `window` masked ones (0: the whole block)
     reuse: bool = False  # approximate: commit each block's final prefix as it forms, no block commit forward
+    # exact: the reference decoder (window and reuse as given); auto: reuse, and each forward's window
+    # chosen from this machine's cost curve and the request's running acceptance (AutoWindow; approximate)
+    mode: str = "exact"
 
     def validate(self) -> None:
         if self.max_new_tokens < 0:
@@ -142,6 +211,11 @@ class Options:
             raise ValueError("window must be >= 0 (0 = the whole block)")
         if self.window and self.max_steps is not None:
             raise ValueError("max_steps and window do not combine (a window step commits at least one token)")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
+        if self.mode == "auto" and (self.window or self.reuse or self.max_steps is not None or self.policy != "threshold"):
+            raise ValueError("mode auto chooses the window and reuse itself: leave window, reuse, max_steps and "
+                             "policy out")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r} (choose from {', '.join(POLICIES)})")
         if self.scorer not in SCORERS:
@@ -261,6 +335,11 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
     if not prompt and cache.n == 0 and shift:
         raise ValueError("the prompt is empty")
     stats = Stats(prompt_tokens=len(prompt))
+    # mode auto: reuse, and a window per forward (AutoWindow); files with shifted logits (autoregressive
+    # ones included) decode exactly. The cost curve is measured (once per file and machine) before the clock.
+    chooser = None
+    if opts.mode == "auto" and not shift:
+        chooser = AutoWindow(model.forward_costs(B), B)
 
     # prefill the prompt's full blocks; the tail heads the first block to decode
     t0 = time.perf_counter()
@@ -294,7 +373,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
     # keys/values and the GDN states keep what the model computed while later positions were still
     # masks. Each forward is then [newly final tokens | the block's rest up to the window], and a block
     # needs no commit forward of its own. Output agreement with exact decoding: bench/NOTES.md.
-    reuse = opts.reuse
+    reuse = opts.reuse or chooser is not None
     if reuse and shift:
         raise ValueError("reuse needs a diffusion file (unshifted logits); autoregressive files decode exactly")
     tail: list[int] = []  # final tokens of the previous block not yet in the caches (reuse)
@@ -330,6 +409,10 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
         in_cache = 0  # block positions committed to the caches (reuse)
         step = 0
         while undecided and (step < max_steps or w or reuse):
+            if chooser is not None:
+                w = chooser.window(len(tail) + undecided[0] - in_cache, undecided)
+                step_start = time.perf_counter()
+                positions = len(tail) + undecided[min(w, len(undecided)) - 1] - in_cache + 1
             cands = undecided[:w] if w else undecided
             if pending is not None:  # from the fused commit: this block's first positions
                 rows, pending = pending[: len(cands)], None
@@ -349,6 +432,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
             p = probabilities(rows, opts.temperature, opts.top_k, opts.top_p)
             cand = choose(p, opts.temperature, rng)
             conf = confidence(p, cand, opts.scorer)
+            reached = conf >= threshold
             if schedule is not None:
                 pick = commit_top_k(conf, schedule[min(step, len(schedule) - 1)])
             else:
@@ -377,6 +461,8 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
             if new:
                 stats.generated_tokens += len(new)
                 yield Event("tokens", tokens=new)
+            if chooser is not None:
+                chooser.observe(reached, time.perf_counter() - step_start, positions)
         remaining -= budget
         if remaining <= 0:
             break

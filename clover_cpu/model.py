@@ -558,6 +558,17 @@ class Model:
     def new_cache(self) -> Cache:
         return Cache(capacity_limit=self.ctx_len)
 
+    def forward_costs(self, block: int):
+        """This model's forward cost curve on this machine at this block length (clover_cpu.costs: read
+        from the user's cache folder, else measured now), for decoding with mode auto."""
+        from .costs import forward_costs
+
+        if not hasattr(self, "_costs"):
+            self._costs = {}
+        if block not in self._costs:
+            self._costs[block] = forward_costs(self, block)
+        return self._costs[block]
+
     def forward(self, token_ids) -> np.ndarray:
         """Logits [T, vocab] for a fresh context, with the model's own attention pattern:
         causal for qwen35moe, block-causal (B = the file's block length) for clover."""
@@ -589,8 +600,8 @@ class Model:
     def generate(self, prompt, *, cache: Cache | None = None, **options):
         """Decode after `prompt` (text or token ids); yields clover_cpu.decode.Event objects as tokens
         become final. Options (keyword-only): max_new_tokens, temperature, top_k, top_p, seed, threshold,
-        block_length, max_steps, window, reuse, policy ("threshold" | "fixed"), scorer ("prob" | "margin" | "entropy"),
-        stop_at_eos. Defaults come from the file (Clover's threshold and block length). `cache` continues
+        block_length, max_steps, window, reuse, mode ("exact" | "auto"), policy ("threshold" | "fixed"),
+        scorer ("prob" | "margin" | "entropy"), stop_at_eos. Defaults come from the file (Clover's threshold and block length). `cache` continues
         an earlier context (ending on a block boundary) and is extended in place."""
         from .decode import Options, decode
 

@@ -86,7 +86,8 @@ class CloverFields(_Body):
     max_steps: Optional[int] = Field(None, ge=1, le=4096)
     window: int = Field(0, ge=0, le=4096)
     reuse: bool = False
-    mode: Optional[Literal["exact", "reuse"]] = None  # (reuse=True is mode "reuse")
+    # (reuse=True is mode "reuse"; auto: reuse with a window chosen per forward, as run --mode auto)
+    mode: Optional[Literal["exact", "reuse", "auto"]] = None
     policy: Literal["threshold", "fixed"] = "threshold"
     scorer: Literal["prob", "margin", "entropy"] = "prob"
     top_k: int = Field(0, ge=0)
@@ -450,7 +451,7 @@ def _max_tokens(value, settings: Settings, default: int | None = None) -> int:
 
 def _options(body: Sampling, max_new: int, model, n_prompt: int) -> Options:
     reuse = body.reuse or body.mode == "reuse"
-    opts = Options(max_new_tokens=max_new, temperature=body.temperature if body.temperature is not None else 0.0,
+    opts = Options(mode="auto" if body.mode == "auto" else "exact",max_new_tokens=max_new, temperature=body.temperature if body.temperature is not None else 0.0,
                    top_k=body.top_k, top_p=body.top_p if body.top_p is not None else 1.0, seed=body.seed,
                    threshold=body.threshold, block_length=body.block_length, max_steps=body.max_steps,
                    window=body.window, reuse=reuse, policy=body.policy, scorer=body.scorer,
@@ -462,6 +463,8 @@ def _options(body: Sampling, max_new: int, model, n_prompt: int) -> Options:
     c = model.config
     if reuse and not c.is_diffusion:
         raise APIError(400, "reuse needs a diffusion model; this one decodes autoregressively", "reuse")
+    if body.mode == "auto" and not c.is_diffusion:
+        raise APIError(400, "mode auto needs a diffusion model; this one decodes autoregressively", "mode")
     B = opts.block_length or c.block_length
     end = context_needed(0, n_prompt, max_new, B)
     if end > model.ctx_len:

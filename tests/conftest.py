@@ -26,6 +26,19 @@ def _neutral_cwd(tmp_path_factory):
     os.chdir(old)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    """mode auto keeps measured forward costs in the user's cache folder: the tests (and the commands
+    they start) use a folder of their own instead of ~/.cache."""
+    old = os.environ.get("CLOVER_CACHE_DIR")
+    os.environ["CLOVER_CACHE_DIR"] = str(tmp_path_factory.mktemp("clover-cache"))
+    yield
+    if old is None:
+        os.environ.pop("CLOVER_CACHE_DIR", None)
+    else:
+        os.environ["CLOVER_CACHE_DIR"] = old
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

@@ -35,6 +35,20 @@ def test_json_is_one_object(gguf):
     assert d["tokens_per_forward"] > 0
 
 
+def test_mode_auto(gguf, tmp_path):
+    """--mode auto measures the file's forward costs once (kept in the cache folder) and decodes with them."""
+    env = {**os.environ, "CLOVER_CACHE_DIR": str(tmp_path / "cache")}
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-m", "clover_cpu", "run", "-m", str(gguf), "-p", "def f(x):", "-n", "12",
+                            "--json", "--mode", "auto", "--ignore-eos"], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert d["generated_tokens"] == 12 and d["forwards"] >= 1
+    saved = json.loads((tmp_path / "cache" / "forward-costs.json").read_text())
+    assert len(saved) == 1  # measured by the first run only
+
+
 def test_stream_stats_and_steps(gguf, tmp_path):
     p = tmp_path / "prompt.txt"
     p.write_text("import os\n")
@@ -50,7 +64,9 @@ def test_stream_stats_and_steps(gguf, tmp_path):
                                      (["--block-length", "0"], "--block-length"), (["-n", "-1"], "--max-new-tokens"),
                                      (["--top-p", "2"], "--top-p"), (["--ctx-len", "4"], "context"),
                                      (["--ctx-len", "20", "-n", "4"], "whole blocks"),
-                                     (["--window", "-1"], "--window"), (["--window", "2", "--max-steps", "3"], "--window")])
+                                     (["--window", "-1"], "--window"), (["--window", "2", "--max-steps", "3"], "--window"),
+                                     (["--mode", "auto", "--window", "2"], "leave --window"),
+                                     (["--mode", "auto", "--reuse"], "--reuse")])
 def test_bad_options_one_line(gguf, bad, msg):
     r = run("-m", gguf, "-p", "hello world, this prompt is longer than four tokens", *bad)
     assert r.returncode == 2, r.stdout + r.stderr

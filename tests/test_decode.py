@@ -1,5 +1,7 @@
 """Block-diffusion decoding: the pure policies, and the cached loop against a slow reference decoder."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -335,3 +337,120 @@ def test_window_and_reuse_bad_options(clover, clover_shift):
         list(decode(clover, [1, 2], Options(window=2, max_steps=3)))
     with pytest.raises(ValueError, match="reuse needs a diffusion file"):
         list(decode(clover_shift, [1, 2, 3], Options(reuse=True)))
+
+
+# ---- mode auto ----
+
+
+def curve(body, head=None):
+    from clover_cpu.costs import CostCurve
+
+    return CostCurve(body, head or {1: 0.0, 4: 0.0})
+
+
+def test_auto_window_follows_costs_and_acceptance():
+    from clover_cpu.decode import AutoWindow
+
+    B = 8
+    steep = curve({1: 1.0, 2: 1.2, 16: 15.0})  # each position beyond two costs ~a whole forward
+    flat = curve({1: 1.0, 16: 1.0})  # positions are free (a GPU, or a model that sits in the caches)
+    a = AutoWindow(steep, B)
+    assert a.window(1, list(range(8))) == 1  # nothing seen: the first position only
+    for _ in range(30):
+        a.observe(np.array([False]), 1.2, 2)  # unsure: below the threshold at one position
+    assert a.window(1, list(range(8))) == 1
+    rates = a.rates(8)
+    assert (np.diff(rates) <= 0).all() and rates[0] < 0.1  # never rising with the offset
+    # a sure model with free positions: the whole rest of the block
+    b = AutoWindow(flat, B)
+    assert b.window(1, [2, 3, 5, 7]) == 4
+    # an unsure model turning sure: one position while unsure, then the window widens to the whole
+    # block within a few forwards on a curve where positions cost something, and stays there
+    mid = curve({1: 1.0, 2: 1.25, 4: 1.6, 8: 2.4, 16: 4.0})
+    c = AutoWindow(mid, B)
+    for _ in range(30):
+        c.observe(np.array([False]), 1.0, 2)
+    seen = []
+    for _ in range(30):
+        w = c.window(1, list(range(8)))
+        seen.append(w)
+        c.observe(np.ones(w, bool), 1.0, 1 + w)
+    assert seen[0] == 1 and seen.index(8) <= 15 and seen == sorted(seen)
+    # the step's own work (measured beyond the curve) makes wider windows pay sooner
+    d = AutoWindow(steep, B)
+    d.hits[:2], d.seen[:2] = [5.0, 1.0], [5.0, 5.0]  # the second candidate reaches the threshold 1 time in 4
+    assert d.window(0, list(range(8))) == 1
+    d.overhead = 10.0  # each step takes 10 s beyond its forward
+    assert d.window(0, list(range(8))) >= 2
+    e = AutoWindow(steep, B)
+    for _ in range(40):
+        e.observe(np.array([True]), 11.2, 2)  # the forward of 2 positions costs 1.2 s on the curve
+    assert abs(e.overhead - 10.0) < 0.01
+
+
+def test_cost_curve_interpolates_and_extrapolates():
+    c = curve({1: 1.0, 2: 1.5, 4: 2.0}, {1: 0.1, 8: 0.8})
+    assert c(1, 0) == 1.0 and c(3, 0) == 1.75 and c(6, 0) == 2.5  # beyond the last point: its slope
+    assert abs(c(2, 4) - (1.5 + 0.4)) < 1e-12
+    assert curve({2: 2.0})(4, 0) == 4.0  # one point: proportional
+
+
+@pytest.mark.parametrize("threshold", [0.9, 0.3, 0.05])
+def test_auto_is_reuse_with_the_window_its_costs_choose(clover, threshold):
+    """mode auto is reuse with a window per forward: where positions beyond the first cost a fortune it
+    decodes as --reuse --window 1, where more positions cost less as --reuse over the whole block, token
+    for token."""
+    prompt = [5, 6, 7, 8, 9, 10]
+    o = dict(max_new_tokens=14, threshold=threshold, stop_at_eos=False)
+    B = clover.config.block_length
+    try:
+        clover._costs = {B: curve({1: 1.0, 2: 1.0, 3: 1e6})}
+        assert collect(clover, prompt, Options(**o, mode="auto"))[0] == \
+            collect(clover, prompt, Options(**o, reuse=True, window=1))[0]
+        clover._costs = {B: curve({1: 10.0, 16: 1.0})}  # wider is cheaper (never on a CPU): the widest
+        auto, s_auto = collect(clover, prompt, Options(**o, mode="auto"))
+        whole, s_whole = collect(clover, prompt, Options(**o, reuse=True))
+        assert auto == whole and s_auto.forwards == s_whole.forwards
+    finally:
+        del clover._costs
+
+
+def test_auto_measures_its_costs_once_per_file_and_machine(clover, tmp_path, monkeypatch):
+    from clover_cpu import costs
+
+    monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path / "cache"))
+    if hasattr(clover, "_costs"):
+        del clover._costs
+    toks, _ = collect(clover, [1, 2, 3], Options(max_new_tokens=6, mode="auto", stop_at_eos=False))
+    assert len(toks) == 6
+    saved = json.loads((tmp_path / "cache" / costs.FILE_NAME).read_text())
+    (key, entry), = saved.items()
+    assert str(clover.file.path.resolve()) in key and set(entry) == {"body", "head"}
+    assert [int(T) for T in entry["body"]] == [1, 2, 3, 4, 6, 8]  # up to twice the block (4)
+    body, head = list(entry["body"].values()), list(entry["head"].values())
+    assert body == sorted(body) and head == sorted(head) and len(head) == 2  # never cheaper with more
+    # a new process (the model's memo gone) reads the file instead of measuring
+    del clover._costs
+    monkeypatch.setattr(costs, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert clover.forward_costs(4).body == {int(T): v for T, v in entry["body"].items()}
+    # a damaged file is measured again; a folder that cannot be written costs only the saving
+    del clover._costs
+    (tmp_path / "cache" / costs.FILE_NAME).write_text("{not json")
+    monkeypatch.setattr(costs, "measure", lambda m, b, p=None: curve({1: 2.0}))
+    assert clover.forward_costs(4).body == {1: 2.0}
+    del clover._costs
+    monkeypatch.setenv("CLOVER_CACHE_DIR", "/proc/no-such-folder")
+    assert clover.forward_costs(4).body == {1: 2.0}
+    del clover._costs
+
+
+def test_auto_bad_options_and_autoregressive_files(clover, clover_shift):
+    for bad in (dict(window=2), dict(reuse=True), dict(max_steps=3), dict(policy="fixed")):
+        with pytest.raises(ValueError, match="mode auto chooses"):
+            list(decode(clover, [1, 2], Options(mode="auto", **bad)))
+    with pytest.raises(ValueError, match="unknown mode"):
+        list(decode(clover, [1, 2], Options(mode="fast")))
+    # shifted logits: exact decoding, the same tokens
+    o = dict(max_new_tokens=9, threshold=0.3, stop_at_eos=False)
+    assert collect(clover_shift, [1, 2, 3], Options(**o, mode="auto"))[0] == \
+        collect(clover_shift, [1, 2, 3], Options(**o))[0]

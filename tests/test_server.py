@@ -445,6 +445,17 @@ def test_serve_cli_errors():
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_mode_auto(server, model):
+    """mode auto decodes through the server as run --mode auto does (its windows follow this machine's
+    timings, so its tokens are not compared); it needs a diffusion model and combines with no window."""
+    r = server.client().completions.create(model="x", prompt=PROMPTS[0], max_tokens=24, extra_body={"mode": "auto"})
+    assert r.usage.completion_tokens >= 1 and r.choices[0].text
+    assert r.model_extra["clover"]["forwards"] >= 1
+    for body in ({"mode": "auto", "window": 2}, {"mode": "auto", "reuse": True}, {"mode": "fast"}):
+        e = httpx.post(server.url + "/v1/completions", json={"prompt": "a", **body})
+        assert e.status_code == 400 and e.json()["error"]["param"] == "mode", (body, e.text)
+
+
 # ---- the engine alone: batched decoding equals one sequence at a time ----
 
 

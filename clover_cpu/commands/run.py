@@ -69,6 +69,13 @@ def add_parser(sub) -> None:
                    help="approximate, faster on a CPU: a block's tokens enter the cache as soon as they and all "
                    "before them are final, with the values computed while later positions were masks; no "
                    "separate forward to commit each block (output can differ from exact decoding)")
+    p.add_argument("--mode", choices=["exact", "auto"], default="exact",
+                   help="exact (default): the reference decoder, every step over the whole block (or --window). "
+                   "auto: approximate and faster on a CPU: --reuse, and each forward computes as many masked "
+                   "positions as pays on this machine, from the model's forward costs (measured once per file "
+                   "and machine, kept in ~/.cache/clover-cpu) and how many tokens the model has been committing "
+                   "per step: about one where it is unsure, more where it is confident. Output can differ from "
+                   "exact decoding")
     p.add_argument("--policy", choices=["threshold", "fixed"], default="threshold",
                    help="threshold: commit every confident position (Fast-dLLM/LLaDA2); fixed: LLaDA's schedule, "
                    "the block spread evenly over --max-steps steps")
@@ -112,7 +119,7 @@ def options(args) -> dict:
     opts = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 seed=args.seed, threshold=args.threshold, block_length=args.block_length, max_steps=args.max_steps,
                 policy=args.policy, scorer=args.scorer, stop_at_eos=not args.ignore_eos, window=args.window,
-                reuse=args.reuse)
+                reuse=args.reuse, mode=args.mode)
     try:
         Options(**opts).validate()
     except ValueError as e:
@@ -120,7 +127,7 @@ def options(args) -> dict:
     return opts
 
 
-_OPTION_NAME = re.compile(r"\b(max_new_tokens|seed|temperature|top_k|top_p|threshold|block_length|max_steps|window)\b")
+_OPTION_NAME = re.compile(r"\b(max_new_tokens|seed|temperature|top_k|top_p|threshold|block_length|max_steps|window|reuse|mode|policy)\b")
 
 
 class Streamer:
@@ -360,7 +367,8 @@ def warn_unused(model, args) -> None:
         return
     given = [f for f, v in (("--threshold", args.threshold), ("--block-length", args.block_length),
                             ("--max-steps", args.max_steps), ("--window", args.window or None),
-                            ("--reuse", args.reuse or None), ("--show-steps", args.show_steps or None))
+                            ("--reuse", args.reuse or None), ("--mode", args.mode if args.mode != "exact" else None),
+                            ("--show-steps", args.show_steps or None))
              if v is not None]
     if given:
         print(f"clover-cpu run: note: {model.file.path.name} decodes autoregressively (one token per forward); "

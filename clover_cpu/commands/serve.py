@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
         "request and response format, streaming with stream=true), GET /v1/models, /health, /metrics "
         "(Prometheus) and a chat page at /. Up to --parallel requests decode together in shared forwards; "
         "more wait in a queue (429 when it is full). Clover's decoding options (threshold, block_length, "
-        "window, reuse, ...) are extra fields of a request's body.",
+        "window, reuse, mode: exact or auto, ...) are extra fields of a request's body.",
         epilog="examples:\n  clover-cpu serve                          # the shipped model on http://127.0.0.1:8080\n"
         "  clover-cpu serve -m model.gguf --parallel 4 --api-key secret\n"
         "  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
