@@ -17,6 +17,9 @@ read bandwidth, with what that allows diffusion against AR. Prints a table and w
 
     python bench/bench_diffusion.py record --out bench/results/traces.json
     python bench/bench_diffusion.py replay -m bench.gguf --traces bench/results/traces.json --threads 2
+    python bench/bench_diffusion.py record --mode auto --costs-model bench.gguf --out auto.json
+    python bench/bench_diffusion.py compare exact.json auto.json window1.json   (replays of one threshold)
+    python bench/bench_diffusion.py experts    (distinct experts over consecutive positions)
 """
 
 from __future__ import annotations
@@ -126,11 +129,18 @@ def bandwidth_floor(res: dict, calls: list, w: dict, gbps: float, threads: int, 
     return out
 
 
-def load_eval_prompts(model, n: int):
+def train_module():
+    if "train_clover" in sys.modules:
+        return sys.modules["train_clover"]
     spec = importlib.util.spec_from_file_location("train_clover", ROOT / "train" / "train_clover.py")
     tc = importlib.util.module_from_spec(spec)
     sys.modules["train_clover"] = tc  # (its dataclasses look their module up)
     spec.loader.exec_module(tc)
+    return tc
+
+
+def load_eval_prompts(model, n: int):
+    tc = train_module()
 
     class SP:  # the runtime's tokenizer in SentencePiece's clothes
         encode = staticmethod(model.tokenize)
@@ -144,10 +154,21 @@ def record(args) -> int:
 
     path = args.model or str(Path(clover_cpu.__file__).parent / "models" / "clover-small.gguf")
     m = clover_cpu.load(path, threads=args.threads or None)
+    B = m.config.block_length
+    if args.costs_model:  # mode auto chooses its windows by the cost curve of the model replayed later
+        big = clover_cpu.load(args.costs_model, threads=args.threads or None)
+        m._costs = {B: big.forward_costs(B)}
+        big.close()
+        print(f"mode auto with {args.costs_model}'s forward costs: " + ", ".join(
+            f"T={T} {1e3 * s:.1f} ms" for T, s in sorted(m._costs[B].body.items())))
+    elif args.mode == "auto":
+        m.forward_costs(B)  # measured now, not inside the recorded decoding
     prompts = load_eval_prompts(m, args.prompts)
+    parses = train_module().parses
     traces = []
-    mode = {"window": args.window, "reuse": args.reuse}
-    identical, agree = 0, []
+    mode = {"window": args.window, "reuse": args.reuse, "mode": args.mode}
+    identical, agree, parsed, parsed_exact = 0, [], 0, 0
+    approximate = args.window or args.reuse or args.mode != "exact"
     for p in prompts:
         rec = Recorder(m)
         ids = m.tokenize(p)
@@ -156,8 +177,11 @@ def record(args) -> int:
                        "forwards": [{"T": c["T"], "commit": c["commit"], "n": c["n"], "rows": c["rows"]}
                                     for c in rec.calls]})
         rec.close()
-        if args.window or args.reuse:  # agreement with exact (whole-block) decoding of the same prompt
-            exact = m.generate_text(ids, max_new_tokens=args.new, threshold=args.threshold)["token_ids"]
+        parsed += parses(p, out["text"])
+        if approximate:  # agreement with exact (whole-block) decoding of the same prompt
+            ex = m.generate_text(ids, max_new_tokens=args.new, threshold=args.threshold)
+            parsed_exact += parses(p, ex["text"])
+            exact = ex["token_ids"]
             got = out["token_ids"]
             k = 0
             while k < min(len(exact), len(got)) and exact[k] == got[k]:
@@ -169,18 +193,22 @@ def record(args) -> int:
     doc = {"model": path, "block_length": m.config.block_length,
            "threshold": round(float(args.threshold or m.config.threshold), 4),
            "new_tokens": args.new, "generated": gen, "decode_forwards": fwd, **mode, "traces": traces}
+    doc["parse_rate"] = parsed / max(1, len(prompts))
     if agree:
         doc["agreement"] = {"identical_completions": int(identical), "prompts": len(agree),
-                            "mean_common_prefix": float(np.mean(agree))}
+                            "mean_common_prefix": float(np.mean(agree)),
+                            "exact_parse_rate": parsed_exact / max(1, len(prompts))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc))
     print(f"{len(traces)} prompts, {gen} tokens in {fwd} decoding forwards: {gen / max(1, fwd):.2f} tokens per "
-          f"forward (block {doc['block_length']}, threshold {doc['threshold']}, window {args.window or 'off'}, "
-          f"reuse {'on' if args.reuse else 'off'}); traces in {args.out}")
+          f"forward (block {doc['block_length']}, threshold {doc['threshold']}, mode {args.mode}, window "
+          f"{args.window or 'off'}, reuse {'on' if args.reuse else 'off'}); parse rate {doc['parse_rate']:.2f}; "
+          f"traces in {args.out}")
     if agree:
         a = doc["agreement"]
         print(f"agreement with exact decoding: {a['identical_completions']} of {a['prompts']} completions identical, "
-              f"on average the first {100 * a['mean_common_prefix']:.0f}% of a completion")
+              f"on average the first {100 * a['mean_common_prefix']:.0f}% of a completion; exact's parse rate "
+              f"{a['exact_parse_rate']:.2f}")
     return 0
 
 
@@ -271,8 +299,10 @@ def replay(args) -> int:
     res["speedup_vs_ar"] = res["diffusion"]["tokens_per_second"] / res["ar"]["tokens_per_second"]
     res["bandwidth_floor"] = bandwidth_floor(res, [c for c in diff_calls if not c.get("prefill")], w, gbps,
                                              threads, B)
-    res["mode"] = {"window": doc.get("window", 0), "reuse": doc.get("reuse", False), "agreement": doc.get("agreement")}
-    print(f"model {args.model}, {res['threads']} threads, {len(traces)} traces (block {B}, window "
+    res["mode"] = {"mode": doc.get("mode", "exact"), "window": doc.get("window", 0), "reuse": doc.get("reuse", False),
+                   "agreement": doc.get("agreement"), "parse_rate": doc.get("parse_rate")}
+    print(f"model {args.model}, {res['threads']} threads, {len(traces)} traces (block {B}, mode "
+          f"{res['mode']['mode']}, window "
           f"{res['mode']['window'] or 'off'}, reuse {'on' if res['mode']['reuse'] else 'off'})")
     print(f"{'decoding':<22} {'tokens':>7} {'forwards':>9} {'tok/fwd':>8} {'tok/s':>8} {'vs AR':>6}")
     d, a = res["diffusion"], res["ar"]
@@ -302,6 +332,77 @@ def replay(args) -> int:
     return 0
 
 
+def compare(args) -> int:
+    """Several replays of one threshold (e.g. exact, auto and fixed window/reuse settings), each priced at
+    the same per-forward times: every replay's forwards at the median time of all forwards of their
+    positions across the replays, AR at the median AR time per token. The VM's speed drifts between
+    replays (the same 2-position forward 255 ms in one, 293 in the next), which the runs' own ratios
+    to AR carry; this compares what the modes' forwards cost, not when they ran."""
+    runs = {p.stem: json.loads(p.read_text()) for p in args.replays}
+    pool: dict[int, list] = {}
+    for r in runs.values():
+        for T, v in r["forwards_by_positions"].items():
+            pool.setdefault(int(T), []).extend([v["seconds"]] * v["count"])
+    med = {T: statistics.median(v) for T, v in pool.items()}
+    ar = statistics.median(r["ar"]["seconds"] / r["ar"]["generated"] for r in runs.values())
+    print(f"{'replay':<28} {'tok/fwd':>8} {'vs AR (own run)':>16} {'vs AR (pooled times)':>21}")
+    for name, r in runs.items():
+        d = r["diffusion"]
+        secs = sum(v["count"] * med[int(T)] for T, v in r["forwards_by_positions"].items())
+        print(f"{name:<28} {d['tokens_per_forward']:>8.2f} {r['speedup_vs_ar']:>15.2f}x "
+              f"{d['generated'] / secs * ar:>20.2f}x")
+    return 0
+
+
+def random_union(n_expert: int, used: int, positions: int) -> float:
+    """Expected distinct experts that `positions` tokens touch when each picks `used` of `n_expert` at
+    random (without replacement): n (1 - (1 - k/n)^T)."""
+    return n_expert * (1 - (1 - used / n_expert) ** positions)
+
+
+def experts(args) -> int:
+    """Distinct experts per MoE layer that T consecutive positions touch with a trained router (the
+    shipped model reading the held-out prompts and their true continuations), against random routing
+    of the same shape and against the same forwards with the router's choices shuffled between tokens."""
+    import clover_cpu
+
+    path = args.model or str(Path(clover_cpu.__file__).parent / "models" / "clover-small.gguf")
+    m = clover_cpu.load(path, threads=args.threads or None)
+    c = m.config
+    tc = train_module()
+
+    class SP:
+        encode = staticmethod(m.tokenize)
+        decode = staticmethod(m.detokenize)
+
+    texts = [p + t for p, t in tc.eval_prompts(args.prompts, SP())]
+    rec = Recorder(m)
+    counts = {T: [] for T in args.positions}
+    for text in texts:
+        ids = m.tokenize(text)
+        for T in args.positions:
+            for s0 in range(0, len(ids) - T + 1, T):  # consecutive, non-overlapping windows from the start
+                cache = m.new_cache()
+                if s0:
+                    m.run(cache, ids[:s0], commit=True, logits=False)
+                rec.calls.clear()
+                m.run(cache, ids[s0:s0 + T], commit=False, logits=False)
+                counts[T].append(float(np.mean(rec.calls[-1]["experts_by_layer"])))
+    rec.close()
+    res = {"model": path, "n_expert": c.n_expert, "n_expert_used": c.n_expert_used, "prompts": len(texts),
+           "by_positions": {T: {"windows": len(v), "trained": float(np.mean(v)),
+                                "random": random_union(c.n_expert, c.n_expert_used, T)}
+                            for T, v in counts.items() if v}}
+    print(f"{path}: {c.n_expert} experts, {c.n_expert_used} per token; {len(texts)} held-out texts")
+    print(f"{'positions':>9} {'windows':>8} {'trained router':>15} {'random routing':>15} {'ratio':>6}")
+    for T, r in res["by_positions"].items():
+        print(f"{T:>9} {r['windows']:>8} {r['trained']:>15.2f} {r['random']:>15.2f} {r['trained'] / r['random']:>6.2f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -313,6 +414,9 @@ def main() -> int:
     r.add_argument("--threshold", type=float, default=None, help="confidence threshold (default: the file's)")
     r.add_argument("--window", type=int, default=0, help="decode with this window (run --window; default off)")
     r.add_argument("--reuse", action="store_true", help="decode with run --reuse (approximate)")
+    r.add_argument("--mode", choices=["exact", "auto"], default="exact", help="decode with run --mode")
+    r.add_argument("--costs-model", help="mode auto: choose windows by this model's forward costs (the model "
+                   "the traces will be replayed on) instead of the recording model's")
     r.add_argument("--out", type=Path, default=Path("bench/results/traces.json"))
     p = sub.add_parser("replay", help="replay recorded forwards on another model, with AR and a cost curve")
     p.add_argument("-m", "--model", required=True)
@@ -321,8 +425,17 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--json", type=Path, default=Path("bench/results/diffusion_replay.json"))
+    e = sub.add_parser("experts", help="distinct experts per layer over consecutive positions: trained router "
+                       "against random routing")
+    e.add_argument("-m", "--model", help="a clover GGUF (default: the shipped model)")
+    e.add_argument("--prompts", type=int, default=20)
+    e.add_argument("--positions", type=int, nargs="+", default=[1, 2, 4, 8])
+    e.add_argument("--threads", type=int, default=0)
+    e.add_argument("--json", type=Path, default=Path("bench/results/diffusion_experts.json"))
+    c = sub.add_parser("compare", help="replays of one threshold priced at the same per-forward times")
+    c.add_argument("replays", type=Path, nargs="+", help="replay JSON files (replay --json)")
     args = ap.parse_args()
-    return record(args) if args.cmd == "record" else replay(args)
+    return {"record": record, "replay": replay, "experts": experts, "compare": compare}[args.cmd](args)
 
 
 if __name__ == "__main__":

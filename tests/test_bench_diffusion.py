@@ -89,3 +89,48 @@ def test_record_then_replay_reports_the_bandwidth_floor(tmp_path):
     step = bf["block_step"]
     assert step["T"] == doc["block_length"] and step["bytes_over_ar"] > 1
     assert step["tokens_for_1_5x"] == pytest.approx(1.5 * step["tokens_to_tie"])
+
+
+def test_record_auto_with_another_models_costs_and_expert_union(tmp_path):
+    from clover_cpu.commands.bench import build_model
+
+    model = build_model(tmp_path, "tiny", lambda s: None)
+    traces = tmp_path / "auto.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), "record", "--prompts", "2", "--new", "8", "--threads", "1",
+                        "--mode", "auto", "--costs-model", str(model), "--out", str(traces)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert f"mode auto with {model}'s forward costs: T=1 " in r.stdout and "agreement with exact" in r.stdout
+    doc = json.loads(traces.read_text())
+    B = doc["block_length"]
+    assert doc["mode"] == "auto" and 0 <= doc["parse_rate"] <= 1 and doc["agreement"]["prompts"] == 2
+    # reuse: no forward computes more than the block's newly final tokens and its positions
+    assert all(f["T"] < 2 * B for t in doc["traces"] for f in t["forwards"][1:])
+    out = tmp_path / "experts.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), "experts", "--prompts", "2", "--positions", "1", "4",
+                        "--threads", "1", "--json", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    n, k = res["n_expert"], res["n_expert_used"]
+    one, four = res["by_positions"]["1"], res["by_positions"]["4"]
+    assert one["trained"] == k == one["random"]  # one token: exactly its k experts
+    assert k <= four["trained"] <= min(n, 4 * k) and four["random"] == pytest.approx(n * (1 - (1 - k / n) ** 4))
+
+
+def test_compare_prices_every_replay_at_the_same_times(tmp_path):
+    def replay(name, by_T, generated, ar_seconds):
+        doc = {"forwards_by_positions": {str(T): {"count": n, "seconds": s} for T, (n, s) in by_T.items()},
+               "diffusion": {"generated": generated, "tokens_per_forward": generated / sum(n for n, _ in by_T.values())},
+               "ar": {"seconds": ar_seconds, "generated": generated}, "speedup_vs_ar": 0.5}
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+        return tmp_path / f"{name}.json"
+
+    a = replay("a", {2: (10, 0.2)}, 10, 1.0)  # ten 2-position forwards at 0.2 s
+    b = replay("b", {2: (4, 0.4), 8: (2, 1.0)}, 10, 3.0)  # the same positions ran slower in b
+    r = subprocess.run([sys.executable, str(SCRIPT), "compare", str(a), str(b)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
+    # pooled 2-position median 0.2 s (10 at 0.2, 4 at 0.4); AR 0.2 s per token (median of 0.1 and 0.3)
+    assert rows["a"][-1] == "1.00x"  # 10 tokens in 10 x 0.2 s, against AR's 10 x 0.2 s
+    assert rows["b"][-1] == f"{10 / (4 * 0.2 + 2 * 1.0) * 0.2:.2f}x"
