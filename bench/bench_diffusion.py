@@ -157,7 +157,7 @@ def record(args) -> int:
     B = m.config.block_length
     if args.costs_model:  # mode auto chooses its windows by the cost curve of the model replayed later
         big = clover_cpu.load(args.costs_model, threads=args.threads or None)
-        m._costs = {B: big.forward_costs(B)}
+        m._costs[B] = big.forward_costs(B)
         big.close()
         print(f"mode auto with {args.costs_model}'s forward costs: " + ", ".join(
             f"T={T} {1e3 * s:.1f} ms" for T, s in sorted(m._costs[B].body.items())))
@@ -200,10 +200,11 @@ def record(args) -> int:
                             "exact_parse_rate": parsed_exact / max(1, len(prompts))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc))
+    how = ("mode auto: window per forward, reuse on" if args.mode == "auto" else
+           f"window {args.window or 'off'}, reuse {'on' if args.reuse else 'off'}")
     print(f"{len(traces)} prompts, {gen} tokens in {fwd} decoding forwards: {gen / max(1, fwd):.2f} tokens per "
-          f"forward (block {doc['block_length']}, threshold {doc['threshold']}, mode {args.mode}, window "
-          f"{args.window or 'off'}, reuse {'on' if args.reuse else 'off'}); parse rate {doc['parse_rate']:.2f}; "
-          f"traces in {args.out}")
+          f"forward (block {doc['block_length']}, threshold {doc['threshold']}, {how}); parse rate "
+          f"{doc['parse_rate']:.2f}; traces in {args.out}")
     if agree:
         a = doc["agreement"]
         print(f"agreement with exact decoding: {a['identical_completions']} of {a['prompts']} completions identical, "

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from clover_cpu.costs import median_time
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -94,13 +96,8 @@ class Profile:
 
 
 def timed(fn, reps=3):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+    fn()  # warm
+    return median_time(fn, reps)
 
 
 def main() -> int:

@@ -29,27 +29,43 @@ class CostCurve:
     each linear between its measured points and beyond the last."""
 
     def __init__(self, body: dict, head: dict):
-        self.body = {int(k): float(v) for k, v in body.items()}
-        self.head = {int(k): float(v) for k, v in head.items()}
+        self.body = {int(k): float(v) for k, v in sorted(body.items(), key=lambda kv: int(kv[0]))}
+        self.head = {int(k): float(v) for k, v in sorted(head.items(), key=lambda kv: int(kv[0]))}
         if not self.body or not self.head:
             raise ValueError("a cost curve needs at least one point of each kind")
+        self._points = [(np.array(list(p), np.float64), np.array(list(p.values()))) for p in (self.body, self.head)]
 
     @staticmethod
-    def _at(points: dict, x: float) -> float:
-        xs = sorted(points)
-        ys = [points[k] for k in xs]
+    def _at(xs: np.ndarray, ys: np.ndarray, x):
+        x = np.asarray(x, np.float64)
         if len(xs) == 1:
             return ys[0] * x / xs[0]
-        if x > xs[-1]:  # the last segment's slope
-            return ys[-1] + (x - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        return float(np.interp(x, xs, ys))
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])  # beyond the last point: the last segment's slope
+        return np.where(x > xs[-1], ys[-1] + (x - xs[-1]) * slope, np.interp(x, xs, ys))
+
+    def body_at(self, positions):
+        """body seconds at each of `positions` (a number or an array)"""
+        return self._at(*self._points[0], positions)
+
+    def head_at(self, rows):
+        """head seconds at each of `rows` (0 rows: no head)"""
+        return np.where(np.asarray(rows) > 0, self._at(*self._points[1], rows), 0.0)
 
     def __call__(self, positions: int, rows: int) -> float:
-        return self._at(self.body, positions) + (self._at(self.head, rows) if rows else 0.0)
+        return float(self.body_at(positions) + self.head_at(rows))
 
     def as_dict(self) -> dict:
-        return {"body": {str(k): v for k, v in sorted(self.body.items())},
-                "head": {str(k): v for k, v in sorted(self.head.items())}}
+        return {"body": {str(k): v for k, v in self.body.items()}, "head": {str(k): v for k, v in self.head.items()}}
+
+
+def median_time(f, reps: int) -> float:
+    """Median wall time of `reps` calls of f."""
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
 
 
 def measure(model, block: int, progress=None) -> CostCurve:
@@ -63,24 +79,16 @@ def measure(model, block: int, progress=None) -> CostCurve:
     model.run(cache, ids[:ctx], commit=True, block=block, logits=False)
     points = [T for T in POSITIONS if T <= 2 * block] or [1]
 
-    def timed(f, reps):
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts))
-
-    first = timed(lambda: model.run(cache, ids[ctx:ctx + 1], commit=False, block=block, logits=False), 1)
+    first = median_time(lambda: model.run(cache, ids[ctx:ctx + 1], commit=False, block=block, logits=False), 1)
     reps = 3 if first < 0.05 else 1
     body = {}
     for i, T in enumerate(points):
         if progress:
             progress(i, len(points))
-        body[T] = timed(lambda: model.run(cache, ids[ctx:ctx + T], commit=False, block=block, logits=False), reps)
+        body[T] = median_time(lambda: model.run(cache, ids[ctx:ctx + T], commit=False, block=block, logits=False), reps)
     h = model.run(cache, ids[ctx:ctx + block], commit=False, block=block, logits=False)
     model.logits(np.ascontiguousarray(h[:1]))  # the head's first use pages its weights in: not timed
-    head = {r: timed(lambda: model.logits(np.ascontiguousarray(h[:r])), max(2, reps)) for r in sorted({1, block})}
+    head = {r: median_time(lambda: model.logits(np.ascontiguousarray(h[:r])), max(2, reps)) for r in sorted({1, block})}
     # a point timed low by noise must not make more positions look cheaper than fewer
     body = dict(zip(body, np.maximum.accumulate(list(body.values())).tolist()))
     head = dict(zip(head, np.maximum.accumulate(list(head.values())).tolist()))
@@ -116,10 +124,10 @@ def key(model, block: int) -> str:
                                       _cpu_model(), info["isa"], info["threads"], __version__))
 
 
-def forward_costs(model, block: int, *, quiet: bool = False) -> CostCurve:
+def forward_costs(model, block: int) -> CostCurve:
     """The model's cost curve at this block length: from the cache file when it was measured on this
-    machine with this file, else measured now (a line on stderr unless quiet, for models whose forwards
-    take long) and saved."""
+    machine with this file, else measured now (a progress line on stderr once it takes over a second)
+    and saved."""
     k = key(model, block)
     path = cache_dir() / FILE_NAME
     try:
@@ -138,7 +146,7 @@ def forward_costs(model, block: int, *, quiet: bool = False) -> CostCurve:
     shown = []
 
     def progress(i, n):
-        if not quiet and time.perf_counter() - t0 > 1.0:
+        if time.perf_counter() - t0 > 1.0:
             print(f"\rmode auto: measuring this model's forward costs (once per file and machine) {i}/{n}",
                   end="", file=sys.stderr, flush=True)
             shown.append(True)

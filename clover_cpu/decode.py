@@ -101,11 +101,11 @@ class AutoWindow:
     whose confidence reaches the threshold, at least one. The expected tokens of window w are
     max(1, a_0 + ... + a_{w-1}), where a_j is the running rate at which the j-th candidate of a forward
     reached the threshold in this request (counts decayed by MEMORY per forward; PRIOR with the weight of
-    one observation; where an offset was not seen lately, half the rate of the offset before it, so a
-    window widens one position at a time as the model grows confident, and a window that went out of
-    use is tried again once the positions before it promise enough). Each forward takes the window with the most expected
-    tokens per second (the smallest on ties): one position where the model commits one token per step,
-    wide where it is sure."""
+    one observation; where an offset was not seen lately, UNSEEN times the rate of the offset before it,
+    so a window widens a few positions at a time as the model grows confident, and a window that went
+    out of use is tried again once the positions before it promise enough). Each forward takes the
+    window with the most expected tokens per second (the smallest on ties): one position where the model
+    commits one token per step, wide where it is sure."""
 
     MEMORY = 0.9
     PRIOR = 0.5
@@ -113,31 +113,30 @@ class AutoWindow:
     UNSEEN = 0.7  # an unseen offset: this share of the one before it
 
     def __init__(self, cost, block: int):
-        self.cost = cost
-        self.body = np.array([cost(T, 0) for T in range(2 * block + 1)])  # T positions, T < 2 x block
-        self.head = np.array([0.0] + [cost(1, r) - cost(1, 0) for r in range(1, block + 1)])
+        self.cost = cost  # clover_cpu.costs.CostCurve
+        self.body = cost.body_at(np.arange(2 * block + 1))  # a forward: at most a block's final tokens + a block
+        self.head = cost.head_at(np.arange(block + 1))
         self.hits = np.zeros(block)
         self.seen = np.zeros(block)
         self.overhead = 0.0
 
     def rates(self, n: int) -> np.ndarray:
         """a_0 .. a_{n-1}: each offset's smoothed rate where it was seen lately (decayed count >= KNOWN),
-        else half its predecessor's (PRIOR for the first): a window is widened one step at a time, by
-        what the positions before the new ones promise; never rising with the offset."""
+        else UNSEEN times its predecessor's (2 x PRIOR before the first), never above its predecessor's.
+        In logs: a_j = min(a_{j-1}, est_j) where known, a_{j-1} x UNSEEN where not; with c_j the sum of
+        log UNSEEN over the unknown offsets up to j, log a_j - c_j is a running minimum."""
+        known = self.seen[:n] >= self.KNOWN
         est = (self.hits[:n] + self.PRIOR) / (self.seen[:n] + 1.0)
-        a = np.empty(n)
-        prev = 2 * self.PRIOR
-        for j in range(n):
-            a[j] = prev = min(prev, est[j] if self.seen[j] >= self.KNOWN else prev * self.UNSEEN)
-        return a
+        c = np.cumsum(np.where(known, 0.0, np.log(self.UNSEEN)))
+        b = np.minimum.accumulate(np.where(known, np.log(est) - c, np.inf))
+        return np.exp(np.minimum(b, np.log(2 * self.PRIOR)) + c)
 
     def window(self, new_final: int, undecided: list) -> int:
         """The window for a forward that carries `new_final` tokens into the caches, over the block's
         undecided positions (ascending)."""
         n = len(undecided)
         u = np.asarray(undecided)
-        positions = np.minimum(new_final + u - u[0] + 1, len(self.body) - 1)
-        seconds = self.body[positions] + self.head[1 : n + 1] + self.overhead
+        seconds = self.body[new_final + u - u[0] + 1] + self.head[1 : n + 1] + self.overhead
         rate = np.maximum(1.0, np.cumsum(self.rates(n))) / seconds
         return int(np.argmax(rate)) + 1  # the first maximum: the smallest window on ties
 
@@ -145,7 +144,7 @@ class AutoWindow:
         """After a forward of `positions` positions whose step took `seconds` of wall time: reached[j],
         whether its j-th candidate reached the threshold."""
         n = len(reached)
-        forward = self.cost(positions, n)
+        forward = self.body[positions] + self.head[n]
         self.overhead = 0.8 * self.overhead + 0.2 * max(0.0, seconds - forward)
         self.hits *= self.MEMORY
         self.seen *= self.MEMORY
@@ -412,7 +411,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
             if chooser is not None:
                 w = chooser.window(len(tail) + undecided[0] - in_cache, undecided)
                 step_start = time.perf_counter()
-                positions = len(tail) + undecided[min(w, len(undecided)) - 1] - in_cache + 1
+                positions = len(tail) + undecided[w - 1] - in_cache + 1
             cands = undecided[:w] if w else undecided
             if pending is not None:  # from the fused commit: this block's first positions
                 rows, pending = pending[: len(cands)], None
@@ -432,7 +431,6 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
             p = probabilities(rows, opts.temperature, opts.top_k, opts.top_p)
             cand = choose(p, opts.temperature, rng)
             conf = confidence(p, cand, opts.scorer)
-            reached = conf >= threshold
             if schedule is not None:
                 pick = commit_top_k(conf, schedule[min(step, len(schedule) - 1)])
             else:
@@ -462,7 +460,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
                 stats.generated_tokens += len(new)
                 yield Event("tokens", tokens=new)
             if chooser is not None:
-                chooser.observe(reached, time.perf_counter() - step_start, positions)
+                chooser.observe(conf >= threshold, time.perf_counter() - step_start, positions)
         remaining -= budget
         if remaining <= 0:
             break

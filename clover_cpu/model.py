@@ -223,6 +223,7 @@ class Model:
         # (csrc/layers.h); False: the operator-by-operator Python code below (_gated_deltanet, _attention,
         # _moe), the same results bit for bit.
         self.fused = True
+        self._costs = {}  # block length -> forward cost curve (mode auto), read or measured on first use
         self.file = GGUFFile(path)
         try:
             reason = why_not_runnable(self.file)
@@ -563,8 +564,6 @@ class Model:
         from the user's cache folder, else measured now), for decoding with mode auto."""
         from .costs import forward_costs
 
-        if not hasattr(self, "_costs"):
-            self._costs = {}
         if block not in self._costs:
             self._costs[block] = forward_costs(self, block)
         return self._costs[block]

@@ -451,11 +451,11 @@ def _max_tokens(value, settings: Settings, default: int | None = None) -> int:
 
 def _options(body: Sampling, max_new: int, model, n_prompt: int) -> Options:
     reuse = body.reuse or body.mode == "reuse"
-    opts = Options(mode="auto" if body.mode == "auto" else "exact",max_new_tokens=max_new, temperature=body.temperature if body.temperature is not None else 0.0,
+    opts = Options(max_new_tokens=max_new, temperature=body.temperature if body.temperature is not None else 0.0,
                    top_k=body.top_k, top_p=body.top_p if body.top_p is not None else 1.0, seed=body.seed,
                    threshold=body.threshold, block_length=body.block_length, max_steps=body.max_steps,
                    window=body.window, reuse=reuse, policy=body.policy, scorer=body.scorer,
-                   stop_at_eos=not body.ignore_eos)
+                   stop_at_eos=not body.ignore_eos, mode="auto" if body.mode == "auto" else "exact")
     try:
         opts.validate()  # the rules run and the Python API go through (the schema checks types and ranges it knows)
     except ValueError as e:
@@ -463,8 +463,6 @@ def _options(body: Sampling, max_new: int, model, n_prompt: int) -> Options:
     c = model.config
     if reuse and not c.is_diffusion:
         raise APIError(400, "reuse needs a diffusion model; this one decodes autoregressively", "reuse")
-    if body.mode == "auto" and not c.is_diffusion:
-        raise APIError(400, "mode auto needs a diffusion model; this one decodes autoregressively", "mode")
     B = opts.block_length or c.block_length
     end = context_needed(0, n_prompt, max_new, B)
     if end > model.ctx_len:

@@ -404,23 +404,22 @@ def test_auto_is_reuse_with_the_window_its_costs_choose(clover, threshold):
     o = dict(max_new_tokens=14, threshold=threshold, stop_at_eos=False)
     B = clover.config.block_length
     try:
-        clover._costs = {B: curve({1: 1.0, 2: 1.0, 3: 1e6})}
+        clover._costs[B] = curve({1: 1.0, 2: 1.0, 3: 1e6})
         assert collect(clover, prompt, Options(**o, mode="auto"))[0] == \
             collect(clover, prompt, Options(**o, reuse=True, window=1))[0]
-        clover._costs = {B: curve({1: 10.0, 16: 1.0})}  # wider is cheaper (never on a CPU): the widest
+        clover._costs[B] = curve({1: 10.0, 16: 1.0})  # wider is cheaper (never on a CPU): the widest
         auto, s_auto = collect(clover, prompt, Options(**o, mode="auto"))
         whole, s_whole = collect(clover, prompt, Options(**o, reuse=True))
         assert auto == whole and s_auto.forwards == s_whole.forwards
     finally:
-        del clover._costs
+        clover._costs.clear()
 
 
 def test_auto_measures_its_costs_once_per_file_and_machine(clover, tmp_path, monkeypatch):
     from clover_cpu import costs
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path / "cache"))
-    if hasattr(clover, "_costs"):
-        del clover._costs
+    clover._costs.clear()
     toks, _ = collect(clover, [1, 2, 3], Options(max_new_tokens=6, mode="auto", stop_at_eos=False))
     assert len(toks) == 6
     saved = json.loads((tmp_path / "cache" / costs.FILE_NAME).read_text())
@@ -430,18 +429,18 @@ def test_auto_measures_its_costs_once_per_file_and_machine(clover, tmp_path, mon
     body, head = list(entry["body"].values()), list(entry["head"].values())
     assert body == sorted(body) and head == sorted(head) and len(head) == 2  # never cheaper with more
     # a new process (the model's memo gone) reads the file instead of measuring
-    del clover._costs
+    clover._costs.clear()
     monkeypatch.setattr(costs, "measure", lambda *a, **k: pytest.fail("measured again"))
     assert clover.forward_costs(4).body == {int(T): v for T, v in entry["body"].items()}
     # a damaged file is measured again; a folder that cannot be written costs only the saving
-    del clover._costs
+    clover._costs.clear()
     (tmp_path / "cache" / costs.FILE_NAME).write_text("{not json")
     monkeypatch.setattr(costs, "measure", lambda m, b, p=None: curve({1: 2.0}))
     assert clover.forward_costs(4).body == {1: 2.0}
-    del clover._costs
+    clover._costs.clear()
     monkeypatch.setenv("CLOVER_CACHE_DIR", "/proc/no-such-folder")
     assert clover.forward_costs(4).body == {1: 2.0}
-    del clover._costs
+    clover._costs.clear()
 
 
 def test_auto_bad_options_and_autoregressive_files(clover, clover_shift):
