@@ -1,4 +1,4 @@
-"""Experiment (session 7): self-distillation on filtered trajectories, for more tokens per forward
+"""Experiment (2026-12-03): self-distillation on filtered trajectories, for more tokens per forward
 without the repetition loops that plain self-distillation (self_distill.py) taught the model.
 
 Continues a finished run of train_clover.py (its OUT/ckpt.pt and OUT/clover-small.gguf). Prompts are the
@@ -13,7 +13,7 @@ runs train_clover's --eval metrics on the result.
 
     python train/experiments/distill_parsed.py SRC_OUT EXP_OUT N_PROMPTS MINUTES BETA LR
 
-Result (session 7, the shipped model): 4 of 400 trajectories pass the filters (389 loop), so the
+Result (2026-12-03, the shipped model): 4 of 400 trajectories pass the filters (389 loop), so the
 fine-tuning was never run; see train/README.md. The script stops when fewer than 64 are kept.
 """
 import ast, sys, time

@@ -1,4 +1,4 @@
-"""Experiment (session 5): self-distillation for more tokens per forward, dParallel-style.
+"""Experiment (2026-12-03): self-distillation for more tokens per forward, dParallel-style.
 
 Continues a finished run of train_clover.py (its OUT/ckpt.pt and OUT/clover-small.gguf): the runtime
 greedily decodes 64 tokens after N_GEN random 192-token windows of the training stream (threshold 0.9),
