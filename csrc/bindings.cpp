@@ -47,10 +47,12 @@ const TypeInfo& parse_type(const std::string& name) {
     return *ti;
 }
 
-// q4_k_r16 weights come in whole groups of 16 rows
+bool is_r16(Type t) { return t == Type::Q4_K_R16 || t == Type::Q3_K_R16; }
+
+// q4_k_r16 and q3_k_r16 weights come in whole groups of 16 rows
 void check_groups(const TypeInfo& ti, int64_t rows, const char* what) {
-    if (ti.type == Type::Q4_K_R16 && rows % R16)
-        fail(std::string(what) + ": q4_k_r16 weights hold whole groups of 16 rows, got " + std::to_string(rows));
+    if (is_r16(ti.type) && rows % R16)
+        fail(std::string(what) + ": " + ti.name + " weights hold whole groups of 16 rows, got " + std::to_string(rows));
 }
 
 template <typename T>
@@ -102,7 +104,7 @@ ExpertsView experts_view(const py::array& w, const TypeInfo& ti, const char* wha
 py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type, bool bf16,
                                  const std::optional<py::array>& imatrix) {
     const TypeInfo& ti = parse_type(type);
-    if (ti.type == Type::Q4_K_R16) fail("q4_k_r16 is a layout made from q4_k weights (repack_q4_k_r16), not a format to quantize to");
+    if (is_r16(ti.type)) fail(std::string(ti.name) + " is a layout made at load (repack_r16), not a format to quantize to");
     if (!has_quantizer(ti.type)) fail(std::string("clover-cpu has no quantizer for ") + ti.name + " (it reads and multiplies it)");
     enum { F32, F16, BF16 } src;
     if (bf16) {
@@ -191,7 +193,7 @@ py::array_t<float> py_dequantize(const py::array& data, const std::string& type)
     {
         py::gil_scoped_release nogil;
         int64_t chunk = std::max<int64_t>(1, (1 << 16) / w.k);
-        if (ti.type == Type::Q4_K_R16) chunk = (chunk + R16 - 1) / R16 * R16;
+        if (is_r16(ti.type)) chunk = (chunk + R16 - 1) / R16 * R16;
         pool()->run((w.rows + chunk - 1) / chunk, [&](int64_t t, int) {
             const int64_t r0 = t * chunk, r1 = std::min(w.rows, r0 + chunk);
             dequantize_rows(ti.type, w.data + r0 * w.row_bytes, dst + r0 * w.k, r1 - r0, w.k);
@@ -237,34 +239,56 @@ bool read_only_file_pages(const std::vector<Mapping>& maps, uintptr_t a, uintptr
     return false;
 }
 
-// q4_K weight arrays -> the same shapes in q4_k_r16 (148 bytes per row and super-block): [rows, row_bytes]
+// The formats repack_r16 makes: from q4_k (148 bytes per row and super-block) and q3_k (114).
+struct R16Format {
+    Type from, to;
+    void (*repack)(const uint8_t*, size_t, int64_t, int64_t, int64_t, uint8_t*);
+};
+constexpr R16Format R16_FORMATS[] = {{Type::Q4_K, Type::Q4_K_R16, &repack_q4_K_r16},
+                                     {Type::Q3_K, Type::Q3_K_R16, &repack_q3_K_r16}};
+
+const R16Format& r16_format(const std::string& name) {
+    const TypeInfo& ti = parse_type(name);
+    for (const R16Format& f : R16_FORMATS)
+        if (f.from == ti.type) return f;
+    fail("repack_r16 takes q4_k or q3_k weights, got " + name);
+}
+
+// Weight arrays of format fmts[i] (q4_k or q3_k) -> the same shapes in q4_k_r16 / q3_k_r16: [rows, row_bytes]
 // or stacked experts [E, rows, row_bytes], rows a multiple of 16. The results are views of one buffer of
 // their own, 2 MB aligned (huge pages where the kernel gives them on request; one buffer, so no huge page
 // is left part-filled at the end of each array). release: where a source is a read-only shared mapping of
 // a file (Linux), its whole pages are dropped from this process once it is repacked (MADV_DONTNEED: they
 // stay in the page cache and fault back in if read), so the process never holds both copies; other memory
 // is left alone.
-py::list py_repack_q4_k_r16(const py::sequence& ws, bool release) {
+py::list py_repack_r16(const py::sequence& ws, const std::vector<std::string>& fmts, bool release) {
     struct Job {
         py::array w;
         int64_t E, rows, k;
         size_t rb, orb, offset;
+        const R16Format* f;
     };
     std::vector<Job> jobs;
     size_t total = 0;
+    if (fmts.size() != py::len(ws))
+        fail("repack_r16: " + std::to_string(py::len(ws)) + " arrays but " + std::to_string(fmts.size()) + " formats");
     for (size_t i = 0; i < py::len(ws); i++) {
         const std::string what = "w[" + std::to_string(i) + "]";
+        const R16Format& f = r16_format(fmts[i]);
+        const TypeInfo& from = *type_info((int32_t)f.from);
         if (!py::isinstance<py::array>(ws[i])) fail(what + " is not an array");
         py::array w = py::reinterpret_borrow<py::array>(ws[i]);
         if (!w.dtype().is(py::dtype::of<uint8_t>())) fail(what + " must have dtype uint8");
         if (w.ndim() != 2 && w.ndim() != 3) fail(what + " must be 2-D [rows, row_bytes] or 3-D [experts, rows, row_bytes]");
         if (!(w.flags() & py::array::c_style)) fail(what + " must be C-contiguous");
         const int nd = (int)w.ndim();
-        Job j{w, nd == 3 ? (int64_t)w.shape(0) : 1, (int64_t)w.shape(nd - 2), 0, (size_t)w.shape(nd - 1), 0, 0};
-        if (j.rb == 0 || j.rb % sizeof(block_q4_K)) fail(what + ": rows are not whole q4_k super-blocks (144 bytes each)");
+        Job j{w, nd == 3 ? (int64_t)w.shape(0) : 1, (int64_t)w.shape(nd - 2), 0, (size_t)w.shape(nd - 1), 0, 0, &f};
+        if (j.rb == 0 || j.rb % from.block_bytes)
+            fail(what + ": rows are not whole " + from.name + " super-blocks (" + std::to_string(from.block_bytes) +
+                 " bytes each)");
         if (j.rows % R16) fail(what + ": repacking takes rows in groups of 16, got " + std::to_string(j.rows) + " rows");
-        j.k = (int64_t)(j.rb / sizeof(block_q4_K)) * QK_K;
-        j.orb = (size_t)(j.k / QK_K) * (sizeof(block_q4_K_r16) / R16);
+        j.k = (int64_t)(j.rb / from.block_bytes) * QK_K;
+        j.orb = row_bytes(*type_info((int32_t)f.to), j.k);
         j.offset = total;
         total += ((size_t)j.E * j.rows * j.orb + 63) / 64 * 64;
         jobs.push_back(std::move(j));
@@ -285,7 +309,7 @@ py::list py_repack_q4_k_r16(const py::sequence& ws, bool release) {
             const int64_t n = j.E * j.rows / R16;  // groups (an expert's rows are whole groups)
             const int64_t chunk = std::max<int64_t>(1, (int64_t)((1 << 20) / (R16 * j.rb)));
             pool()->run((n + chunk - 1) / chunk, [&](int64_t t, int) {
-                repack_q4_K_r16(src, j.rb, t * chunk, std::min(n, (t + 1) * chunk), j.k, out + j.offset);
+                j.f->repack(src, j.rb, t * chunk, std::min(n, (t + 1) * chunk), j.k, out + j.offset);
             });
 #if defined(__linux__)
             if (release) {
@@ -799,11 +823,14 @@ PYBIND11_MODULE(_core, m) {
     m.def("set_fast_quant_search", &set_fast_quant_search, py::arg("fast"),
           "k-quant quantizers: True = the active ISA's search (default), False = the scalar reference");
     m.def("dequantize", &py_dequantize, py::arg("data"), py::arg("type"));
-    m.def("repack_q4_k_r16", &py_repack_q4_k_r16, py::arg("ws"), py::kw_only(), py::arg("release") = false);
+    m.def("repack_r16", &py_repack_r16, py::arg("ws"), py::arg("formats"), py::kw_only(), py::arg("release") = false);
     m.def(
-        "has_native_q4_k_r16",
-        [](const std::optional<std::string>& isa) { return has_native_q4_K_r16(kernels_arg(isa)); },
-        py::arg("isa") = py::none());
+        "has_native_r16",
+        [](const std::string& fmt, const std::optional<std::string>& isa) {
+            const Kernels& k = kernels_arg(isa);
+            return r16_format(fmt).from == Type::Q4_K ? has_native_q4_K_r16(k) : has_native_q3_K_r16(k);
+        },
+        py::arg("format"), py::arg("isa") = py::none());
     m.def("quantize_acts", &py_quantize_acts, py::arg("x"), py::arg("kind"), py::arg("simd"));
     m.def("matmul", &py_matmul, py::arg("x"), py::arg("w"), py::arg("type"), py::kw_only(),
           py::arg("isa") = py::none());

@@ -37,6 +37,8 @@ enum class Type : int32_t {
     // Not a GGUF type: q4_K rows repacked at load in groups of 16 (block_q4_K_r16), for kernels that keep
     // one weight row per vector lane. Never read from or written to a file (type_table leaves it out).
     Q4_K_R16 = 1012,
+    // Not a GGUF type either: q3_K rows repacked at load in groups of 16 (block_q3_K_r16).
+    Q3_K_R16 = 1011,
 };
 
 // x = d * (q - 8), q in 0..15; low nibbles are weights 0..15, high nibbles 16..31.
@@ -115,6 +117,20 @@ struct block_q4_K_r16 {
 };
 static_assert(sizeof(block_q4_K_r16) == 2368, "block_q4_K_r16 is 2368 bytes");
 constexpr int R16 = 16;  // rows per group of the repacked layout
+
+// 16 rows of one q3_K super-block, repacked (repack_q3_K_r16): the same values, rows in the lanes of a
+// 16-lane vector, so one 32-byte load holds 4 weights of 8 rows, each unpacked by shifts and masks alone
+// (no per-row scale shuffles). Weight 32 v + l of a row (v = 4 n + j, l = 4 t + i) has its low 2 bits at
+// bits 2j of ql[n][t][row][i] and its high bit at bit v of qh[t][row][i] (block_q3_K's qs and hmask, word
+// t of each 32-byte run per row). sc[v][row] are the scales of groups 2v, 2v + 1 decoded (-32..31). A
+// row's share is 114 bytes (110 in the file).
+struct block_q3_K_r16 {
+    uint16_t d[16];          // fp16, per row
+    int8_t sc[8][16][2];     // [vector v][row][group 2v, 2v + 1]
+    uint8_t ql[2][8][16][4]; // [half n][word t][row][byte i]
+    uint8_t qh[8][16][4];    // [word t][row][byte i]
+};
+static_assert(sizeof(block_q3_K_r16) == 16 * 114, "block_q3_K_r16 is 1824 bytes");
 
 // As q4_K with a fifth bit per weight in qh (bit 2c / 2c+1 for chunk c, low / high nibble).
 struct block_q5_K {
@@ -352,6 +368,22 @@ inline void r16_row(const block_q4_K_r16& p, int r, uint8_t qs[QK_K / 2], uint8_
     for (int j = 0; j < 8; j++) {
         sc[j] = p.sc[j][r];
         m[j] = p.mn[j / 2][r][j & 1];
+    }
+}
+
+// Row r of a repacked q3_K super-block as the file holds it (block_q3_K, byte for byte: the scales
+// encoded back into decode_scales_q3_K's 12 bytes).
+inline void r16_row(const block_q3_K_r16& p, int r, block_q3_K& b) {
+    b.d = p.d[r];
+    for (int t = 0; t < 8; t++) {
+        for (int n = 0; n < 2; n++) std::memcpy(b.qs + 32 * n + 4 * t, p.ql[n][t][r], 4);
+        std::memcpy(b.hmask + 4 * t, p.qh[t][r], 4);
+    }
+    std::memset(b.scales, 0, 12);
+    for (int k = 0; k < 16; k++) {
+        const int u = p.sc[k / 2][r][k % 2] + 32;
+        b.scales[k % 8] |= (uint8_t)((u & 0xf) << (4 * (k / 8)));
+        b.scales[8 + k % 4] |= (uint8_t)((u >> 4) << (2 * (k / 4)));
     }
 }
 

@@ -53,22 +53,39 @@ inline void with_tokens(int n, F&& f) {
     f(std::integral_constant<int, GMAX>());
 }
 
+// What gemm_r16 needs of a Tile beyond GMAX, rows and step: its repacked block (Block), the reference
+// product for rows outside whole groups (ref), and whether its steps read the tokens' sub-block sums as
+// int16 pairs of q4_K's 32-weight sub-blocks (PAIRS; a tile without them reads block_q8_K's bsums itself).
+// A tile that names none of them is a q4_K one.
+template <class T, class = void>
+struct R16Of {
+    using Block = block_q4_K_r16;
+    static constexpr bool PAIRS = true;
+    static constexpr gemm_fn ref = &gemm_q4_K_r16_ref;
+};
+template <class T>
+struct R16Of<T, std::void_t<typename T::Block>> {
+    using Block = typename T::Block;
+    static constexpr bool PAIRS = T::PAIRS;
+    static constexpr gemm_fn ref = T::ref;
+};
+
 // rows and step of a Tile T whose superblock<G, PF>(p, s, xs, bsp, acc) adds super-block s of the 16 rows
-// at p to the 16 G sums at acc in memory (kernel_r16_256.h's and the NEON one; AVX-512's keep theirs in
-// registers).
+// at p to the 16 G sums at acc in memory (kernel_r16_256.h's, kernel_lowbit_avx2.h's q3_K one and the
+// NEON one; AVX-512's keep theirs in registers).
 template <class T>
 struct R16SumsInMemory {
     // G tokens over every super-block (all the call's tokens in one group).
-    template <int G>
-    static void rows(const block_q4_K_r16* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp,
+    template <int G, class Block>
+    static void rows(const Block* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp,
                      float* y, int64_t ldy) {
         alignas(32) float acc[16 * G] = {};
         for (int64_t s = 0; s < nsb; s++) T::template superblock<G, Prefetch::L1>(P[s], s, xs, bsp, acc);
         for (int g = 0; g < G; g++) std::memcpy(y + g * ldy, acc + 16 * g, sizeof(float) * 16);
     }
     // One super-block for one of several groups.
-    template <int G>
-    static void step(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
+    template <int G, class Block>
+    static void step(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
                      float* acc, bool first) {
         if (first)
             T::template superblock<G, Prefetch::L2>(p, s, xs, bsp, acc);
@@ -80,19 +97,21 @@ struct R16SumsInMemory {
 template <class Tile>
 void gemm_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
               int64_t n0, int64_t n1) {
+    using Of = R16Of<Tile>;
+    using Block = typename Of::Block;
     constexpr int GMAX = Tile::GMAX, PANEL = 8 * GMAX;  // tokens per group, per panel
     const int64_t nsb = K / QK_K;
     if (M < 1 || n1 <= n0) return;
     const int64_t g0 = (n0 + R16 - 1) / R16, g1 = n1 / R16;
-    if (g0 >= g1) return gemm_q4_K_r16_ref(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
-    if (n0 < g0 * R16) gemm_q4_K_r16_ref(W, wrb, X, xrb, K, M, Y, ldy, n0, g0 * R16);
-    if (g1 * R16 < n1) gemm_q4_K_r16_ref(W, wrb, X, xrb, K, M, Y, ldy, g1 * R16, n1);
+    if (g0 >= g1) return Of::ref(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+    if (n0 < g0 * R16) Of::ref(W, wrb, X, xrb, K, M, Y, ldy, n0, g0 * R16);
+    if (g1 * R16 < n1) Of::ref(W, wrb, X, xrb, K, M, Y, ldy, g1 * R16, n1);
     // each token's sub-block sums as int16 pairs (2c, 2c + 1), one dword per chunk c of a super-block (a
     // type of this file's own: a std::vector<int32_t> would be a weak symbol, tests/test_isa_objects.py)
     thread_local std::vector<BsumPair> bs_buf;
-    bs_buf.resize((size_t)M * nsb * 4);
+    bs_buf.resize(Of::PAIRS ? (size_t)M * nsb * 4 : 1);
     int32_t* const bs = &bs_buf[0].v;
-    for (int m = 0; m < M; m++)
+    for (int m = 0; m < (Of::PAIRS ? M : 0); m++)
         for (int64_t s = 0; s < nsb; s++) {
             const block_q8_K& x = ((const block_q8_K*)(X + m * xrb))[s];
             for (int c = 0; c < 4; c++) {
@@ -109,11 +128,11 @@ void gemm_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
         int first[PANEL / GMAX + 1];
         for (int i = 0; i < mc; i++) {
             xs[i] = (const block_q8_K*)(X + (mp + i) * xrb);
-            bp[i] = bs + (size_t)(mp + i) * nsb * 4;
+            bp[i] = Of::PAIRS ? bs + (size_t)(mp + i) * nsb * 4 : nullptr;
         }
         for (int tg = 0; tg <= n_groups; tg++) first[tg] = tg * mc / n_groups;  // groups of equal size
         for (int64_t g16 = g0; g16 < g1; g16++) {
-            const block_q4_K_r16* P = (const block_q4_K_r16*)(W + (size_t)g16 * R16 * wrb);
+            const Block* P = (const Block*)(W + (size_t)g16 * R16 * wrb);
             if (n_groups == 1) {
                 float* y = Y + mp * ldy + g16 * R16;
                 with_tokens<GMAX>(mc, [&](auto g) { Tile::template rows<decltype(g)::value>(P, nsb, xs, bp, y, ldy); });

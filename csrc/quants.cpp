@@ -409,6 +409,7 @@ const TypeInfo TYPES[] = {
     {Type::IQ2_XXS, "iq2_xxs", QK_K, (int)sizeof(block_iq2_xxs)},
     // a row's share of its group: 16 rows of a super-block are one block_q4_K_r16
     {Type::Q4_K_R16, "q4_k_r16", QK_K, (int)sizeof(block_q4_K_r16) / R16},
+    {Type::Q3_K_R16, "q3_k_r16", QK_K, (int)sizeof(block_q3_K_r16) / R16},
 };
 
 }  // namespace
@@ -442,6 +443,41 @@ void repack_q4_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64
             }
         }
     }
+}
+
+void repack_q3_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    const int64_t nsb = k / QK_K;
+    for (int64_t g = g0; g < g1; g++) {
+        block_q3_K_r16* out = (block_q3_K_r16*)dst + g * nsb;
+        for (int r = 0; r < R16; r++) {
+            const block_q3_K* row = (const block_q3_K*)(src + (size_t)(g * R16 + r) * src_row_bytes);
+            for (int64_t s = 0; s < nsb; s++) {
+                const block_q3_K& b = row[s];
+                block_q3_K_r16& p = out[s];
+                p.d[r] = b.d;
+                int8_t sc[16];
+                decode_scales_q3_K(b.scales, sc);
+                for (int j = 0; j < 16; j++) p.sc[j / 2][r][j % 2] = sc[j];
+                for (int t = 0; t < 8; t++) {
+                    for (int n = 0; n < 2; n++) std::memcpy(p.ql[n][t][r], b.qs + 32 * n + 4 * t, 4);
+                    std::memcpy(p.qh[t][r], b.hmask + 4 * t, 4);
+                }
+            }
+        }
+    }
+}
+
+void dequantize_q3_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
+    const int64_t nsb = k / QK_K;
+    for (int64_t g = 0; g < n_groups; g++)
+        for (int64_t s = 0; s < nsb; s++) {
+            const block_q3_K_r16& p = ((const block_q3_K_r16*)src)[g * nsb + s];
+            for (int r = 0; r < R16; r++) {
+                block_q3_K b;
+                r16_row(p, r, b);
+                dequantize_row_lowbit(Type::Q3_K, (const uint8_t*)&b, dst + (g * R16 + r) * k + s * QK_K, QK_K);
+            }
+        }
 }
 
 void dequantize_q4_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
@@ -494,6 +530,7 @@ ActFormat act_format(Type t) {
         case Type::Q5_K:
         case Type::Q6_K:
         case Type::Q4_K_R16:
+        case Type::Q3_K_R16:
         case Type::Q2_K:
         case Type::Q3_K:
         case Type::IQ4_XS:
@@ -567,7 +604,8 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
             case Type::Q6_K:
                 quantize_row_q6_K(x, (block_q6_K*)y, k);
                 break;
-            case Type::Q4_K_R16:  // a layout made by repack_q4_K_r16, not quantized to (callers refuse it)
+            case Type::Q4_K_R16:  // layouts made by repack_q4_K_r16 / repack_q3_K_r16, not quantized to (callers
+            case Type::Q3_K_R16:  // refuse them)
                 break;
             default:  // the low-bit formats with a quantizer (has_quantizer); callers refuse the others
                 quantize_row_lowbit(t, x, y, k);
@@ -579,6 +617,10 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
 void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_t k) {
     if (t == Type::Q4_K_R16) {
         dequantize_q4_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
+        return;
+    }
+    if (t == Type::Q3_K_R16) {
+        dequantize_q3_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
         return;
     }
     const TypeInfo* ti = type_info((int32_t)t);
@@ -612,6 +654,7 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
                 dequantize_row_q6_K((const block_q6_K*)x, y, k);
                 break;
             case Type::Q4_K_R16:  // handled above, by groups of rows
+            case Type::Q3_K_R16:
                 break;
             default:
                 dequantize_row_lowbit(t, x, y, k);

@@ -294,7 +294,7 @@ def test_activation_quantizer_nonfinite_blocks(kind, block, rng):
     w, _ = make(rng, fmt, 32, 4 * block)
     xs = np.vstack([x, np.ones((1, 4 * block), np.float32)])
     for isa in ISAS:
-        for ww, f in [(w, fmt)] + ([(kernels.repack_q4_k_r16([w])[0], "q4_k_r16")] if fmt == "q4_k" else []):
+        for ww, f in [(w, fmt)] + ([(kernels.repack_r16([w], "q4_k")[0], "q4_k_r16")] if fmt == "q4_k" else []):
             y = kernels.matmul(xs, ww, f, isa=isa)
             assert np.isnan(y[:2]).all() and np.isfinite(y[2]).all(), (isa, f)
 

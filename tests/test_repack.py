@@ -1,6 +1,6 @@
-"""q4_k weights repacked at load into groups of 16 rows (format "q4_k_r16", csrc/formats.h): the same
-weights, the reference kernel's results bit for bit, every ISA's within rounding, the model's forward
-with and without it."""
+"""q4_k and q3_k weights repacked at load into groups of 16 rows (formats "q4_k_r16", "q3_k_r16",
+csrc/formats.h): the same weights, the reference kernel's results bit for bit, every ISA's within rounding,
+the model's forward with and without it."""
 
 import mmap
 import os
@@ -17,42 +17,63 @@ ISAS = clover_cpu.system_info()["available_isas"]
 TOL_VS_REF = 2e-5  # the same integer sums; the float work in another order
 
 
+SHARE = {"q4_k": 148, "q3_k": 114}  # bytes per row and super-block, repacked (144 and 110 in the file)
+
+
+def quant(rng, rows, k, fmt="q4_k", scale=1.0):
+    return kernels.quantize((rng.standard_normal((rows, k)) * scale).astype(np.float32), fmt)
+
+
 def q4k(rng, rows, k, scale=1.0):
-    return kernels.quantize((rng.standard_normal((rows, k)) * scale).astype(np.float32), "q4_k")
+    return quant(rng, rows, k, "q4_k", scale)
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q3_k"])
 @pytest.mark.parametrize("rows,k", [(16, 256), (48, 768), (512, 2048)])
-def test_repack_is_lossless(rows, k, rng):
-    q = q4k(rng, rows, k)
-    (r,) = kernels.repack_q4_k_r16([q])
-    assert r.dtype == np.uint8 and r.shape == (rows, k // 256 * 148)
-    assert np.array_equal(kernels.dequantize(r, "q4_k_r16"), kernels.dequantize(q, "q4_k"))
+def test_repack_is_lossless(rows, k, fmt, rng):
+    q = quant(rng, rows, k, fmt)
+    (r,) = kernels.repack_r16([q], fmt)
+    assert r.dtype == np.uint8 and r.shape == (rows, k // 256 * SHARE[fmt])
+    assert np.array_equal(kernels.dequantize(r, fmt + "_r16"), kernels.dequantize(q, fmt))
     # stacked experts keep their shape; several arrays share one buffer, each its own view
-    e = q4k(rng, 3 * 32, k).reshape(3, 32, -1)
-    r2, r3 = kernels.repack_q4_k_r16([q, e])
-    assert r3.shape == (3, 32, k // 256 * 148) and np.array_equal(r2, r)
+    e = quant(rng, 3 * 32, k, fmt).reshape(3, 32, -1)
+    r2, r3 = kernels.repack_r16([q, e], fmt)
+    assert r3.shape == (3, 32, k // 256 * SHARE[fmt]) and np.array_equal(r2, r)
     for i in range(3):
-        assert np.array_equal(kernels.dequantize(np.ascontiguousarray(r3[i]), "q4_k_r16"),
-                              kernels.dequantize(np.ascontiguousarray(e[i]), "q4_k"))
+        assert np.array_equal(kernels.dequantize(np.ascontiguousarray(r3[i]), fmt + "_r16"),
+                              kernels.dequantize(np.ascontiguousarray(e[i]), fmt))
 
 
+def test_one_call_repacks_both_formats(rng):
+    a, b = q4k(rng, 32, 512), quant(rng, 48, 512, "q3_k")
+    ra, rb = kernels.repack_r16([a, b], ["q4_k", "q3_k"])
+    assert ra.shape == (32, 2 * 148) and rb.shape == (48, 2 * 114)
+    assert np.array_equal(kernels.dequantize(rb, "q3_k_r16"), kernels.dequantize(b, "q3_k"))
+    with pytest.raises(ValueError, match="2 arrays but 1 formats"):
+        kernels.repack_r16([a, b], ["q4_k"])
+    with pytest.raises(ValueError, match="takes q4_k or q3_k"):
+        kernels.repack_r16([a], "q6_k")
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q3_k"])
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 70])
-def test_reference_kernel_is_the_file_layouts_bit_for_bit(m, rng):
-    q = q4k(rng, 48, 1024)
-    (r,) = kernels.repack_q4_k_r16([q])
+def test_reference_kernel_is_the_file_layouts_bit_for_bit(m, fmt, rng):
+    q = quant(rng, 48, 1024, fmt)
+    (r,) = kernels.repack_r16([q], fmt)
     x = rng.standard_normal((m, 1024)).astype(np.float32)
-    assert np.array_equal(kernels.matmul(x, r, "q4_k_r16", isa="ref"), kernels.matmul(x, q, "q4_k", isa="ref"))
+    assert np.array_equal(kernels.matmul(x, r, fmt + "_r16", isa="ref"), kernels.matmul(x, q, fmt, isa="ref"))
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q3_k"])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 32, 33, 40, 47, 48, 49, 64, 65, 96, 130])
 @pytest.mark.parametrize("rows,k", [(16, 256), (80, 2048), (1024, 512)])
-def test_every_isa_matches_the_reference(m, rows, k, rng):
-    q = q4k(rng, rows, k)
-    (r,) = kernels.repack_q4_k_r16([q])
+def test_every_isa_matches_the_reference(m, rows, k, fmt, rng):
+    q = quant(rng, rows, k, fmt)
+    (r,) = kernels.repack_r16([q], fmt)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    ref = kernels.matmul(x, q, "q4_k", isa="ref")
+    ref = kernels.matmul(x, q, fmt, isa="ref")
     for isa in ISAS:
-        check_close(kernels.matmul(x, r, "q4_k_r16", isa=isa), ref, TOL_VS_REF, f"{isa} M={m} {rows}x{k}")
+        check_close(kernels.matmul(x, r, fmt + "_r16", isa=isa), ref, TOL_VS_REF, f"{isa} M={m} {rows}x{k}")
 
 
 def test_raw_blocks_and_extreme_activations(rng):
@@ -65,7 +86,7 @@ def test_raw_blocks_and_extreme_activations(rng):
     raw[[0, 9, 30], :, 16:] = 0xFF  # every nibble 15: against +-127 throughout, the AVX2 kernel's int16 chains
     raw[[5, 17], :, 16:] = 0xF0  # at their largest (8 x 2 x 15 x 127)
     q = np.ascontiguousarray(raw.reshape(rows, -1))
-    (r,) = kernels.repack_q4_k_r16([q])
+    (r,) = kernels.repack_r16([q], "q4_k")
     assert np.array_equal(kernels.dequantize(r, "q4_k_r16"), kernels.dequantize(q, "q4_k"))
     x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
     x[0] = 1.0
@@ -79,26 +100,68 @@ def test_raw_blocks_and_extreme_activations(rng):
             check_close(kernels.matmul(x[:m], r, "q4_k_r16", isa=isa), ref, TOL_VS_REF, f"raw {isa} M={m}")
 
 
+def test_raw_q3_k_blocks_and_extreme_activations(rng):
+    # every 6-bit scale (raw scale bytes), every 3-bit value, and rows at the int16 chains' largest (every
+    # weight 3 or -4: low bits and high bits all set, or all clear) against +-127 throughout and spikes
+    rows, k = 64, 1024
+    raw = rng.integers(0, 256, (rows, k // 256, 110), dtype=np.uint8)
+    raw[:, :, 108:] = (rng.standard_normal((rows, k // 256, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    raw[[0, 9, 30], :, :96] = 0xFF
+    raw[[5, 17], :, :96] = 0x00
+    q = np.ascontiguousarray(raw.reshape(rows, -1))
+    (r,) = kernels.repack_r16([q], "q3_k")
+    assert np.array_equal(kernels.dequantize(r, "q3_k_r16"), kernels.dequantize(q, "q3_k"))
+    x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
+    x[0] = 1.0
+    x[1] = -1.0
+    x[2] = 0.0
+    x[3, ::97] = 1e4
+    for m in (1, 4, 9):
+        ref = kernels.matmul(x[:m], q, "q3_k", isa="ref")
+        assert np.array_equal(kernels.matmul(x[:m], r, "q3_k_r16", isa="ref"), ref)
+        for isa in ISAS:
+            check_close(kernels.matmul(x[:m], r, "q3_k_r16", isa=isa), ref, TOL_VS_REF, f"raw q3_k {isa} M={m}")
+
+
 def test_native_kernel_where_it_exists():
-    # the loader repacks only for kernels that have a product of their own (AVX2, AVX-VNNI, AVX-512, and
-    # NEON on a CPU with sdot); the others (the reference, NEON without sdot) carry the loops
-    assert not kernels.has_native_q4_k_r16("ref")
+    # the loader repacks only for kernels that have a product of their own (q4_k: AVX2, AVX-VNNI, AVX-512,
+    # and NEON on a CPU with sdot; q3_k: AVX2 and the tables built on it); the others carry the loops
+    assert not kernels.has_native_r16("q4_k", "ref") and not kernels.has_native_r16("q3_k", "ref")
     dotprod = clover_cpu.system_info()["cpu_features"].get("dotprod", False)
     for isa in ISAS:
-        assert kernels.has_native_q4_k_r16(isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
+        assert kernels.has_native_r16("q4_k", isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
+        assert kernels.has_native_r16("q3_k", isa) == (isa in ("avx2", "avxvnni", "avx512"))
+
+
+def test_q3_k_moe(rng):
+    H, I, E, top_k, M = 512, 256, 6, 2, 9
+    x = rng.standard_normal((M, H)).astype(np.float32)
+    gate, up = quant(rng, E * I, H, "q3_k").reshape(E, I, -1), quant(rng, E * I, H, "q3_k").reshape(E, I, -1)
+    down = quant(rng, E * H, I, "q3_k").reshape(E, H, -1)
+    rg, ru, rd = kernels.repack_r16([gate, up, down], "q3_k")
+    ids = np.stack([rng.permutation(E)[:top_k] for _ in range(M)]).astype(np.int32)
+    w = rng.random((M, top_k)).astype(np.float32)
+    want, n = kernels.moe(x, ids, w, gate, up, down, "q3_k", isa="ref")
+    for isa in ISAS:
+        got, n2 = kernels.moe(x, ids, w, rg, ru, rd, "q3_k_r16", isa=isa)
+        assert n == n2
+        if isa == "ref":
+            assert np.array_equal(got, want)
+        else:
+            check_close(got, want, 1e-3, f"q3_k moe {isa}")
 
 
 def test_matmul_many_and_moe(rng):
     H, I, E, top_k, M = 512, 256, 6, 2, 9
     a, b = q4k(rng, 64, H), kernels.quantize(rng.standard_normal((32, H)).astype(np.float32), "q8_0")
-    ra, = kernels.repack_q4_k_r16([a])
+    ra, = kernels.repack_r16([a], "q4_k")
     x = rng.standard_normal((M, H)).astype(np.float32)
     ys = kernels.matmul_many(x, [(ra, "q4_k_r16"), (b, "q8_0"), (a, "q4_k")])
     assert np.array_equal(ys[0], kernels.matmul(x, ra, "q4_k_r16"))  # matmul_many's contract holds
     check_close(ys[0], ys[2], TOL_VS_REF, "matmul_many r16 vs q4_k")
     gate, up = q4k(rng, E * I, H).reshape(E, I, -1), q4k(rng, E * I, H).reshape(E, I, -1)
     down = q4k(rng, E * H, I).reshape(E, H, -1)
-    rg, ru, rd = kernels.repack_q4_k_r16([gate, up, down])
+    rg, ru, rd = kernels.repack_r16([gate, up, down], "q4_k")
     ids = np.stack([rng.permutation(E)[:top_k] for _ in range(M)]).astype(np.int32)
     w = rng.random((M, top_k)).astype(np.float32)
     for isa in ISAS:
@@ -114,18 +177,18 @@ def test_matmul_many_and_moe(rng):
 def test_bad_input_is_refused(rng):
     q = q4k(rng, 32, 256)
     with pytest.raises(ValueError, match="groups of 16"):
-        kernels.repack_q4_k_r16([q[:8]])
+        kernels.repack_r16([q[:8]], "q4_k")
     with pytest.raises(ValueError, match="groups of 16"):
-        kernels.repack_q4_k_r16([np.ascontiguousarray(q.reshape(4, 8, -1))])
+        kernels.repack_r16([np.ascontiguousarray(q.reshape(4, 8, -1))], "q4_k")
     with pytest.raises(ValueError, match="144 bytes"):
-        kernels.repack_q4_k_r16([np.zeros((16, 100), np.uint8)])
+        kernels.repack_r16([np.zeros((16, 100), np.uint8)], "q4_k")
     with pytest.raises(ValueError, match="uint8"):
-        kernels.repack_q4_k_r16([q.astype(np.int16)])
+        kernels.repack_r16([q.astype(np.int16)], "q4_k")
     with pytest.raises(ValueError, match="not an array"):
-        kernels.repack_q4_k_r16(["q"])
+        kernels.repack_r16(["q"], "q4_k")
     with pytest.raises(ValueError, match="not a format to quantize to"):
         kernels.quantize(np.zeros((16, 256), np.float32), "q4_k_r16")
-    (r,) = kernels.repack_q4_k_r16([q])
+    (r,) = kernels.repack_r16([q], "q4_k")
     x = np.zeros((1, 256), np.float32)
     for bad in (lambda: kernels.matmul(x, np.ascontiguousarray(r[:8]), "q4_k_r16"),
                 lambda: kernels.dequantize(np.ascontiguousarray(r[:8]), "q4_k_r16")):
@@ -133,7 +196,7 @@ def test_bad_input_is_refused(rng):
             bad()
     # not a file format: a GGUF cannot name it
     assert "q4_k_r16" not in kernels.FORMATS
-    assert kernels.repack_q4_k_r16([]) == []
+    assert kernels.repack_r16([], "q4_k") == []
 
 
 def mapping_rss_kb(address):
@@ -162,7 +225,7 @@ def test_release_leaves_the_mapped_file_readable(tmp_path, rng):
         view = np.frombuffer(mm, np.uint8, count=q.size, offset=100).reshape(q.shape)
         assert int(view.sum(dtype=np.int64)) == int(q.sum(dtype=np.int64))  # every page in memory
         before = mapping_rss_kb(view.ctypes.data)
-        (r,) = kernels.repack_q4_k_r16([view], release=True)
+        (r,) = kernels.repack_r16([view], "q4_k", release=True)
         if before is not None:  # (Linux) the file's pages left this process, but for the partial ones at the ends
             after = mapping_rss_kb(view.ctypes.data)
             assert before >= 576 and after <= 2 * mmap.PAGESIZE // 1024, (before, after)
@@ -173,14 +236,14 @@ def test_release_leaves_the_mapped_file_readable(tmp_path, rng):
     # memory of the process's own is never released: an anonymous array's pages would come back as zeros,
     # a private mapping's without its changes
     keep = q.copy()
-    (r2,) = kernels.repack_q4_k_r16([q], release=True)
+    (r2,) = kernels.repack_r16([q], "q4_k", release=True)
     assert np.array_equal(q, keep) and np.array_equal(r2, r)
     with open(path, "r+b") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: its changes live in its own pages
         view = np.frombuffer(mm, np.uint8, count=q.size, offset=100).reshape(q.shape)
         view[:] = 0
         changed = view.copy()
-        kernels.repack_q4_k_r16([view], release=True)
+        kernels.repack_r16([view], "q4_k", release=True)
         assert np.array_equal(view, changed)
         del view
         mm.close()
@@ -190,9 +253,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def q4_model(tmp_path_factory):
-    """A tiny Qwen3.5-MoE whose layer weights take q4_k (rows of 256), converted as Q4_K_M."""
+@pytest.fixture(scope="module", params=["q4_k_m", "q3_k_m"])
+def q4_model(request, tmp_path_factory):
+    """A tiny Qwen3.5-MoE whose layer weights take q4_k (rows of 256), converted as Q4_K_M, and the same as
+    Q3_K_M (q3_k experts and projections, q4_k / q5_k others)."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     from clover_cpu.convert.hf import convert
@@ -209,24 +273,30 @@ def q4_model(tmp_path_factory):
     torch.manual_seed(0)
     Qwen3_5MoeForCausalLM(cfg).eval().save_pretrained(d / "hf", safe_serialization=True)
     (d / "hf" / "tokenizer.model").write_bytes(train_spm(512))
-    convert(d / "hf", d / "q4.gguf", out_type="q4_k_m", log=lambda s: None, progress=False)
+    convert(d / "hf", d / "q4.gguf", out_type=request.param, log=lambda s: None, progress=False)
     return d / "q4.gguf"
 
 
 def test_model_forward_with_and_without_repack(q4_model):
     ids = np.random.default_rng(1).integers(0, 512, 21)
     off = clover_cpu.load(q4_model, repack="off")
-    if not kernels.has_native_q4_k_r16():  # the scalar loops would run every q4_k product: refused
+    if not kernels.has_native_r16("q4_k"):  # the scalar loops would run every q4_k product: refused
         with pytest.raises(ValueError, match="repack on needs the AVX2, AVX-512 or NEON dot-product kernels"):
             clover_cpu.load(q4_model, repack="on")
         assert not clover_cpu.load(q4_model).repacked
         pytest.skip("no native q4_k_r16 kernel on this machine")
     on = clover_cpu.load(q4_model, repack="on")
     assert not off.repacked and on.repacked
+    before = {name: w.fmt for name, w in off.layers[0].items() if hasattr(w, "fmt")}
     fmts = {name: w.fmt for name, w in on.layers[0].items() if hasattr(w, "fmt")}
-    assert fmts["gate_exps"] == fmts["up_exps"] == "q4_k_r16", fmts
-    assert "q4_k_r16" in {fmts["qkv"], fmts["z"], fmts["ssm_out"]}, fmts
-    assert on.embed.fmt != "q4_k_r16" and on.output.fmt != "q4_k_r16"
+    expert = before["gate_exps"]  # q4_k or q3_k: the file's, each repacked where the kernels have its product
+    assert fmts["gate_exps"] == fmts["up_exps"] == (expert + "_r16" if kernels.has_native_r16(expert) else expert)
+    # every layer matrix of those formats whose rows come in whole groups of 16 (not alpha / beta: a row
+    # per head)
+    whole = {n for n, w in off.layers[0].items() if hasattr(w, "fmt") and w.data.shape[-2] % 16 == 0}
+    assert fmts == {n: f + "_r16" if f in kernels.R16_FORMATS and kernels.has_native_r16(f) and n in whole else f
+                    for n, f in before.items()}, fmts
+    assert not on.embed.fmt.endswith("_r16") and not on.output.fmt.endswith("_r16")
     # The native kernels sum in another order than the file layout's, and in this random model one
     # rounding difference that moves an activation across a quantization step (or the router across a
     # near-tie) parts the forwards by ~1e-2 from that position on: under the AVX2 kernels these two part
@@ -239,7 +309,7 @@ def test_model_forward_with_and_without_repack(q4_model):
     on.fused = False
     check_close(on.forward(ids), want, 5e-2, "repacked, operator path")
     auto = clover_cpu.load(q4_model)
-    assert auto.repacked == kernels.has_native_q4_k_r16()
+    assert auto.repacked == kernels.has_native_r16("q4_k")
     with pytest.raises(ValueError, match="repack must be one of"):
         clover_cpu.load(q4_model, repack="yes")
 
@@ -257,9 +327,9 @@ import sys, numpy as np, clover_cpu
 m = clover_cpu.load(sys.argv[1], repack="off")
 ids = np.random.default_rng(1).integers(0, 512, 21)
 want = m.forward(ids)
-m._load_weights(True)
+m._load_weights(["q4_k", "q3_k"])
 fmts = {n: w.fmt for L in m.layers for n, w in L.items() if hasattr(w, "fmt")}
-assert m.repacked and fmts["gate_exps"] == fmts["up_exps"] == "q4_k_r16", fmts
+assert m.repacked and fmts["gate_exps"] == fmts["up_exps"] in ("q4_k_r16", "q3_k_r16"), fmts
 got = m.forward(ids)
 m.fused = False
 print(np.array_equal(got, want), np.array_equal(m.forward(ids), want), np.abs(got - want).max())
@@ -278,7 +348,7 @@ def test_cli_repack_flag(q4_model):
 
     base = [sys.executable, "-m", "clover_cpu", "run", "-m", str(q4_model), "-p", "hello", "--max-new-tokens", "3",
             "--ignore-eos", "--json"]
-    for mode in ("on", "off") if kernels.has_native_q4_k_r16() else ("off", "auto"):
+    for mode in ("on", "off") if kernels.has_native_r16("q4_k") else ("off", "auto"):
         r = subprocess.run(base + ["--repack", mode], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert len(json.loads(r.stdout)["token_ids"]) == 3

@@ -42,7 +42,7 @@ def system(args) -> int:
     info["machine"] = platform.machine()
     info["python"] = platform.python_version()
     info["version"] = clover_cpu.__version__
-    info["q4_k_repack"] = kernels.has_native_q4_k_r16()
+    info["repack"] = [f for f in kernels.R16_FORMATS if kernels.has_native_r16(f)]
     info["os"] = platform.platform()
     info["cpu_model"] = cpu_model()
     info["cpus_available"] = clover_cpu.available_cpus()
@@ -58,8 +58,8 @@ def system(args) -> int:
     print(f"threads:    {info['threads']} (default {info['default_threads']}: one per physical core)")
     print(f"cpu:        {feats}")
     print(f"native:     {'yes (-march=native build)' if info['native_build'] else 'no (portable build)'}")
-    repack = ("q4_k layer weights repacked at load where the file takes at most half the free memory"
-              if info["q4_k_repack"] else "none: these kernels multiply the file layout")
+    repack = (f"{', '.join(info['repack'])} layer weights repacked at load where the file takes at most half the "
+              "free memory" if info["repack"] else "none: these kernels multiply the file layout")
     print(f"repack:     {repack} (run --repack)")
     print("packages:   " + ", ".join(f"{k} {v}" for k, v in info["packages"].items()))
     return 0
