@@ -39,10 +39,10 @@ def peak_rss_gb() -> float:
 
 
 class CloverEngine:
-    def __init__(self, path: str, threads: int, ctx: int):
+    def __init__(self, path: str, threads: int, ctx: int, repack: str = "auto"):
         import clover_cpu
 
-        self.m = clover_cpu.load(path, threads=threads, ctx_len=ctx)
+        self.m = clover_cpu.load(path, threads=threads, ctx_len=ctx, repack=repack)
         if self.m.config.arch != "qwen35moe":
             raise SystemExit(f"{path} is a {self.m.config.arch} file; the AR benchmark needs qwen35moe")
         self.vocab = self.m.config.vocab_size
@@ -137,6 +137,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tg-tokens", type=int, default=32)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--serve", action="store_true", help="run the tests named on stdin, one per line")
+    ap.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
+                    help="clover: the loader's repack mode (off: the file's layout, for a before/after)")
     a = ap.parse_args(argv)
     out = sys.stdout
     if a.serve:  # the protocol keeps the real stdout; file descriptor 1 (the engines' own writes) -> stderr
@@ -144,7 +146,8 @@ def main(argv=None) -> int:
         sys.stdout.flush()
         os.dup2(2, 1)
     t = time.perf_counter()
-    engine = (CloverEngine if a.engine == "clover" else LlamaEngine)(a.model, a.threads, a.ctx)
+    engine = (CloverEngine(a.model, a.threads, a.ctx, a.repack) if a.engine == "clover"
+              else LlamaEngine(a.model, a.threads, a.ctx))
     load_s = time.perf_counter() - t
     if a.serve:
         res = {}
