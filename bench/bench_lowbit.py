@@ -37,7 +37,8 @@ def llama_bench(binary: Path, model: Path, threads: int) -> dict:
 
 def clover_bench(model: Path, threads: int, repack: str = "auto") -> dict:
     r = subprocess.run([sys.executable, "-m", "clover_cpu.bench_worker", "--engine", "clover", str(model), "--threads",
-                        str(threads), "--tests", "pp512,tg", "--reps", "1", "--tg-tokens", "32", "--repack", repack],
+                        str(threads), "--tests", "pp512,tg", "--reps", "1", "--tg-tokens", "32",
+                        "--repack", repack],
                        capture_output=True, text=True, timeout=3600, cwd="/")
     if r.returncode:
         raise RuntimeError(f"clover-cpu's bench worker failed on {model}: {r.stderr[-2000:]}")
@@ -79,8 +80,8 @@ def main(argv=None) -> int:
         bw = statistics.median(bandwidth)
         med = {e: {t: statistics.median(r[t] for r in rs) for t in ("pp512", "tg")} for e, rs in runs.items()}
         # ratios paired round by round, then their median
-        ratios = {e: {t: statistics.median(c[t] / l[t] for c, l in zip(rs, runs["llama.cpp"])) for t in ("pp512", "tg")}
-                  for e, rs in runs.items() if e != "llama.cpp"}
+        ratios = {e: {t: statistics.median(c[t] / l[t] for c, l in zip(rs, runs["llama.cpp"]))
+                      for t in ("pp512", "tg")} for e, rs in runs.items() if e != "llama.cpp"}
         ratio = ratios["clover-cpu"]
         roof = bw * 1e9 / per_token
         entry = {"size_gb": f.stat().st_size / 1e9, "bytes_by_type": kinds, "weight_bytes_per_token": per_token,

@@ -151,7 +151,7 @@ class Cache:
 KV_TYPES = {"f16": np.float16, "f32": np.float32, "q8_0": np.uint8}  # attention cache element types
 PREFETCH_MODES = ("auto", "on", "off")  # routed experts not in memory: read ahead (csrc/ops.cpp)
 PREFETCH_QUIET = 8  # auto: forwards without a disk read before the residency checks stop
-REPACK_MODES = ("auto", "on", "off")  # q4_k / q3_k weights -> q4_k_r16 / q3_k_r16 at load (csrc/formats.h)
+REPACK_MODES = ("auto", "on", "off")  # q4_k / q3_k / iq4_xs weights -> their _r16 layouts at load
 REPACK_SHARE = 0.5  # auto: only a file that takes at most this share of the memory available
 
 
@@ -239,10 +239,10 @@ class Model:
             room = memory_for_files()
             self._auto = prefetch == "auto" and room is not None and self.file.file_size > room
             self._prefetching, self._quiet, self._reads = prefetch == "on" or self._auto, 0, _disk_reads()
-            # q4_k and q3_k layer weights repacked into memory of their own (16 rows per group: the kernels
-            # keep a row per vector lane), the file's pages released as each is done. auto: each format
+            # q4_k, q3_k and iq4_xs layer weights repacked into memory of their own (16 rows per group: the
+            # kernels keep a row per vector lane), the file's pages released as each is done. auto: each format
             # where the kernels have a product of their own for its repacked layout (q4_k: AVX2, AVX-512,
-            # NEON with sdot; q3_k: AVX2 and the tables built on it) and the file takes at most
+            # NEON with sdot; q3_k, iq4_xs: AVX2 and the tables built on it) and the file takes at most
             # REPACK_SHARE of the memory available (a larger model pages from its file instead: the copy
             # could not be evicted). The same weights; results differ from the file layout's in float
             # rounding only.
@@ -298,10 +298,10 @@ class Model:
         return Experts(d.reshape(ne[2], ne[1], d.shape[1]), ti.type_name)
 
     def _repack(self, formats: list[str]) -> None:
-        """The layers' weights in formats (q4_k, q3_k; matrices and experts with rows in whole groups of 16)
-        copied into their _r16 layouts, all in one call: one buffer, each file range released as it is
-        copied. The embedding and the output head keep the file's layout (rows looked up by id; one row of
-        logits)."""
+        """The layers' weights in formats (of kernels.R16_FORMATS; matrices and experts with rows in whole
+        groups of 16) copied into their _r16 layouts, all in one call: one buffer, each file range released
+        as it is copied. The embedding and the output head keep the file's layout (rows looked up by id; one
+        row of logits)."""
         ws = [w for L in self.layers for w in L.values()
               if isinstance(w, (Matrix, Experts)) and w.fmt in formats and w.data.shape[-2] % 16 == 0]
         for w, packed in zip(ws, kernels.repack_r16([w.data for w in ws], [w.fmt for w in ws], release=True)):
@@ -691,8 +691,9 @@ def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_typ
     experts whose weights are not in memory are read from the disk all at once, before any is computed:
     "auto" (default: when the file is larger than the memory free for it, checked while the disk is being
     read), "on" (checked every forward, about 1 us per page checked), "off" (left to page faults). repack:
-    q4_k and q3_k layer weights copied at load into a layout of 16 rows per group, which the AVX2 kernels
-    (q4_k also AVX-512 and NEON dot-product) multiply faster (the file's pages are released as each is
-    copied, so memory grows by ~3-4%): "auto" (default: where the CPU has those kernels and the file takes at most half the memory
-    available), "on" (whatever the file's size; an error without those kernels), "off"."""
+    q4_k, q3_k and iq4_xs layer weights copied at load into a layout of 16 rows per group, which the AVX2
+    kernels (q4_k also AVX-512 and NEON dot-product) multiply faster (the file's pages are released as each
+    is copied, so memory grows by 1.5-4%): "auto" (default: where the CPU has those kernels and the file
+    takes at most half the memory available), "on" (whatever the file's size; an error without those
+    kernels), "off"."""
     return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch, repack=repack)

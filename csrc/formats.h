@@ -37,8 +37,10 @@ enum class Type : int32_t {
     // Not a GGUF type: q4_K rows repacked at load in groups of 16 (block_q4_K_r16), for kernels that keep
     // one weight row per vector lane. Never read from or written to a file (type_table leaves it out).
     Q4_K_R16 = 1012,
-    // Not a GGUF type either: q3_K rows repacked at load in groups of 16 (block_q3_K_r16).
+    // Not GGUF types either: q3_K and iq4_xs rows repacked at load in groups of 16 (block_q3_K_r16,
+    // block_iq4_xs_r16).
     Q3_K_R16 = 1011,
+    IQ4_XS_R16 = 1023,
 };
 
 // x = d * (q - 8), q in 0..15; low nibbles are weights 0..15, high nibbles 16..31.
@@ -131,6 +133,16 @@ struct block_q3_K_r16 {
     uint8_t qh[8][16][4];    // [word t][row][byte i]
 };
 static_assert(sizeof(block_q3_K_r16) == 16 * 114, "block_q3_K_r16 is 1824 bytes");
+
+// 16 rows of one iq4_xs super-block, repacked (repack_iq4_xs_r16): qs[j][t][row] holds the row's bytes
+// 16 j + 4 t .. + 3 (group j's weights 32 j + 4 t .. + 3 in the low nibbles, 32 j + 16 + 4 t .. in the high),
+// sc[j][row] group j's scale decoded (ls - 32). A row's share is 138 bytes (136 in the file).
+struct block_iq4_xs_r16 {
+    uint16_t d[16];           // fp16, per row
+    int8_t sc[8][16];         // [group j][row]
+    uint8_t qs[8][4][16][4];  // [group j][word t][row][byte i]
+};
+static_assert(sizeof(block_iq4_xs_r16) == 16 * 138, "block_iq4_xs_r16 is 2208 bytes");
 
 // As q4_K with a fifth bit per weight in qh (bit 2c / 2c+1 for chunk c, low / high nibble).
 struct block_q5_K {
@@ -384,6 +396,19 @@ inline void r16_row(const block_q3_K_r16& p, int r, block_q3_K& b) {
         const int u = p.sc[k / 2][r][k % 2] + 32;
         b.scales[k % 8] |= (uint8_t)((u & 0xf) << (4 * (k / 8)));
         b.scales[8 + k % 4] |= (uint8_t)((u >> 4) << (2 * (k / 4)));
+    }
+}
+
+// Row r of a repacked iq4_xs super-block as the file holds it (block_iq4_xs, byte for byte).
+inline void r16_row(const block_iq4_xs_r16& p, int r, block_iq4_xs& b) {
+    b.d = p.d[r];
+    b.scales_h = 0;
+    std::memset(b.scales_l, 0, sizeof b.scales_l);
+    for (int j = 0; j < 8; j++) {
+        const int ls = p.sc[j][r] + 32;
+        b.scales_l[j / 2] |= (uint8_t)((ls & 0xf) << (4 * (j % 2)));
+        b.scales_h |= (uint16_t)((ls >> 4) << (2 * j));
+        for (int t = 0; t < 4; t++) std::memcpy(b.qs + 16 * j + 4 * t, p.qs[j][t][r], 4);
     }
 }
 

@@ -367,34 +367,56 @@ struct TileLow256 {
     };
 };
 
-// ---- q3_K repacked by 16 rows (block_q3_K_r16): one row per int32 lane, 8 rows per register ----
+// ---- low-bit types repacked by 16 rows: one row per int32 lane, 8 rows per register ----
+// What the q3_K and iq4_xs tiles share: kernel_r16.h's driver, with one group of tokens (rows) unpacking
+// each weight word as it goes, and several groups (step) the first unpacking the super-block once into a
+// thread's scratch (Unpacked) that every group reads, as the file layout's lane tiles (KindLowV) do per row.
+template <class T, class Unpacked>
+struct R16LowScratch : R16SumsInMemory<T> {
+    static constexpr bool PAIRS = false;  // (the tiles read block_q8_K's bsums themselves)
+    static constexpr int GMAX = 4;        // tokens per weight load, as TileR16<DotMaddubs>
+    static Unpacked& scratch() {
+        static thread_local Unpacked un;
+        return un;
+    }
+    template <Prefetch PF>
+    static void prefetch(const void* p) {
+        prefetch_r16<PF, 2048, 8192>(p);
+    }
+    // the super-block ahead in the first half's pass, lines 4 k .. 4 k + 3 at its k-th of 8 steps (a burst
+    // of all at the start left q3_K's one token from memory at 45.6 ns per super-block row, 19.6 in cache;
+    // spread, 21.0 from memory)
+    template <Prefetch PF>
+    static void prefetch_part(const void* p, int h, int k) {
+        if (PF != Prefetch::NONE && h == 0)
+            for (int l = 4 * k; l < 4 * k + 4 && 64 * l < (int)sizeof(typename T::Block); l++)
+                prefetch<PF>((const char*)p + 64 * l);
+    }
+    // One super-block for one of several groups (R16SumsInMemory's, with the unpacking shared).
+    template <int G, class B>
+    static void step(const B& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp, float* acc,
+                     bool first) {
+        if (first) {
+            for (size_t k = 0; k < sizeof(B); k += 64) prefetch<Prefetch::L2>((const char*)&p + k);
+            T::unpack_all(p);
+        }
+        T::template superblock<G, Prefetch::NONE, true>(p, s, xs, bsp, acc);
+    }
+};
+
+// q3_K (block_q3_K_r16):
 // Per half (rows 8h .. 8h + 7), vector v (n = v / 4, j = v % 4) and word t: u = low 2 bits | high bit << 2
 // of 4 weights of 8 rows by shifts and masks of two 32-byte loads (q + 4, in 0..7), vpmaddubsw against the
 // token's 4 activations broadcast, the 4 words of a group of 16 summed in int16 (at most 4 x 2 x 7 x 127),
 // then vpmaddwd by each row's scale of that group (pairs (sc, sc)) into int32; the + 4 comes back through
 // the group sums, sum_g sc_g bsum_g by vpmaddwd of the (sc_2v, sc_2v + 1) pairs against the token's bsums
 // (an int16 pair per dword, as block_q8_K holds them). One float multiply-add per half and token: d x d_x.
-// One group of tokens (rows) unpacks each word as it goes; with several groups (step) the first unpacks
-// the super-block's u once into a thread's scratch (4 KB) and every group reads it from there, as the
-// file layout's lane tiles (KindLowV) do per row.
-struct TileQ3KR16 : R16SumsInMemory<TileQ3KR16> {
+struct alignas(32) UnpackedQ3K {
+    __m256i u[2][8][8];  // [half][vector v][word t]
+};
+struct TileQ3KR16 : R16LowScratch<TileQ3KR16, UnpackedQ3K> {
     using Block = block_q3_K_r16;
-    static constexpr bool PAIRS = false;  // (reads block_q8_K's bsums itself)
     static constexpr gemm_fn ref = &gemm_q3_K_r16_ref;
-    static constexpr int GMAX = 4;  // tokens per weight load, as TileR16<DotMaddubs>
-
-    struct alignas(32) Unpacked {
-        __m256i u[2][8][8];  // [half][vector v][word t]
-    };
-    static Unpacked& scratch() {
-        static thread_local Unpacked un;
-        return un;
-    }
-
-    template <Prefetch PF>
-    static void prefetch(const void* p) {
-        prefetch_r16<PF, 2048, 8192>(p);
-    }
 
     // u of vector v, word t of half h (8 rows x 4 weights)
     template <int v>
@@ -413,18 +435,14 @@ struct TileQ3KR16 : R16SumsInMemory<TileQ3KR16> {
     template <int G, Prefetch PF, bool SCRATCH, int v>
     __attribute__((always_inline)) static void vec(const block_q3_K_r16& p, int h, const block_q8_K* const* xs,
                                                    int64_t s, __m256i* isum, __m256i* off) {
-        // the super-block ahead, 4 lines per vector of the first half (a burst of all 29 at the start left
-        // one token from memory at 45.6 ns per super-block row, 19.6 in cache; spread, 21.0 from memory)
-        if (PF != Prefetch::NONE && h == 0)
-            for (int k = 4 * v; k < 4 * v + 4 && 64 * k < (int)sizeof(block_q3_K_r16); k++)
-                prefetch<PF>((const char*)&p + 64 * k);
+        prefetch_part<PF>(&p, h, v);
         // dword lane r: (sc_2v, sc_2v + 1) of row 8h + r as int16; then each one doubled
         const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p.sc[v][8 * h]));
         const __m256i s0 = _mm256_shuffle_epi8(scp, _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
                                                                       0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
         const __m256i s1 = _mm256_shuffle_epi8(scp, _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15,
                                                                       2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
-        const Unpacked& un = scratch();
+        const UnpackedQ3K& un = scratch();
         for (int gg = 0; gg < 2; gg++) {
             __m256i sum[G];
             for (int g = 0; g < G; g++) sum[g] = _mm256_setzero_si256();
@@ -458,11 +476,12 @@ struct TileQ3KR16 : R16SumsInMemory<TileQ3KR16> {
         (vec<G, PF, SCRATCH, v>(p, h, xs, s, isum, off), ...);
     }
     template <int... v>
-    static void unpack_all(std::integer_sequence<int, v...>, const block_q3_K_r16& p) {
-        Unpacked& un = scratch();
+    static void unpack_vs(std::integer_sequence<int, v...>, const block_q3_K_r16& p) {
+        UnpackedQ3K& un = scratch();
         for (int h = 0; h < 2; h++)
             for (int t = 0; t < 8; t++) ((un.u[h][v][t] = unpack<v>(p, h, t)), ...);
     }
+    static void unpack_all(const block_q3_K_r16& p) { unpack_vs(std::make_integer_sequence<int, 8>{}, p); }
 
     // Super-block s of the 16 rows at p for G tokens: acc[16 g + r] += its share of row r's dot with token g
     // (SCRATCH: the words from scratch(), which unpack_all filled from p).
@@ -482,15 +501,75 @@ struct TileQ3KR16 : R16SumsInMemory<TileQ3KR16> {
             }
         }
     }
-    // One super-block for one of several groups (R16SumsInMemory's, with the unpacking shared).
-    template <int G, class B>
-    static void step(const B& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp, float* acc,
-                     bool first) {
-        if (first) {
-            for (size_t k = 0; k < sizeof(block_q3_K_r16); k += 64) prefetch<Prefetch::L2>((const char*)&p + k);
-            unpack_all(std::make_integer_sequence<int, 8>{}, p);
+};
+
+// iq4_xs (block_iq4_xs_r16): per half, group j (32 weights) and word t: the low nibbles (weights 32 j + 4 t ..
+// + 3 of 8 rows) and the high ones (+ 16) looked up in kvalues_iq4nl (vpshufb) as signed bytes, their
+// magnitudes against the token's 4 activations broadcast with the weights' signs (vpsignb), vpmaddubsw and
+// at once vpmaddwd by each row's group scale (pairs (sc, sc)): two products of |q| <= 127 could overflow an
+// int16 sum. One float multiply-add per half and token: d x d_x.
+struct alignas(32) UnpackedIQ4XS {
+    __m256i w[2][8][8];  // [half][group j][word t, then t + 4 for the high nibbles]: the values
+};
+struct TileIQ4XSR16 : R16LowScratch<TileIQ4XSR16, UnpackedIQ4XS> {
+    using Block = block_iq4_xs_r16;
+    static constexpr gemm_fn ref = &gemm_iq4_xs_r16_ref;
+
+    // the values of group j's word t of half h (hi: the high nibbles)
+    __attribute__((always_inline)) static __m256i unpack(const block_iq4_xs_r16& p, int h, int j, int t, bool hi) {
+        const __m256i q = _mm256_loadu_si256((const __m256i*)p.qs[j][t][8 * h]);
+        const __m256i nib = _mm256_and_si256(hi ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f));
+        return lookup16(nib, kvalues_iq4nl);
+    }
+
+    template <int G, Prefetch PF, bool SCRATCH>
+    __attribute__((always_inline)) static void group(const block_iq4_xs_r16& p, int h, int j, const block_q8_K* const* xs,
+                                                     int64_t s, __m256i* isum) {
+        prefetch_part<PF>(&p, h, j);
+        // dword lane r: group j's scale of row 8h + r in both int16 halves
+        const __m256i sc32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p.sc[j] + 8 * h)));
+        const __m256i sc = _mm256_blend_epi16(sc32, _mm256_slli_epi32(sc32, 16), 0xAA);
+        const UnpackedIQ4XS& un = scratch();
+        const auto word = [&](int i) __attribute__((always_inline)) {  // i: word t = i % 4, high nibbles from 4
+            const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : unpack(p, h, j, i % 4, i >= 4);
+            const __m256i mag = _mm256_abs_epi8(w);
+            for (int g = 0; g < G; g++) {
+                int32_t a;
+                std::memcpy(&a, xs[g][s].qs + 32 * j + 16 * (i / 4) + 4 * (i % 4), 4);
+                const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(a), w);
+                isum[g] = _mm256_add_epi32(isum[g], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, x), sc));
+            }
+        };
+        if constexpr (!SCRATCH) {
+            for (int i = 0; i < 8; i++) word(i);
+        } else {
+#pragma GCC unroll 1
+            for (int i = 0; i < 8; i++) word(i);
         }
-        superblock<G, Prefetch::NONE, true>(p, s, xs, bsp, acc);
+    }
+    static void unpack_all(const block_iq4_xs_r16& p) {
+        UnpackedIQ4XS& un = scratch();
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 8; j++)
+                for (int i = 0; i < 8; i++) un.w[h][j][i] = unpack(p, h, j, i % 4, i >= 4);
+    }
+
+    // Super-block s of the 16 rows at p for G tokens: acc[16 g + r] += its share of row r's dot with token g
+    // (SCRATCH: the values from scratch(), which unpack_all filled from p).
+    template <int G, Prefetch PF, bool SCRATCH = false>
+    static void superblock(const block_iq4_xs_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*,
+                           float* acc) {
+        for (int h = 0; h < 2; h++) {
+            __m256i isum[G];
+            for (int g = 0; g < G; g++) isum[g] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) group<G, PF, SCRATCH>(p, h, j, xs, s, isum);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.d + 8 * h)));
+            for (int g = 0; g < G; g++) {
+                float* a = acc + 16 * g + 8 * h;
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]),
+                                                    _mm256_mul_ps(d, _mm256_set1_ps(xs[g][s].d)), _mm256_loadu_ps(a)));
+            }
+        }
     }
 };
 

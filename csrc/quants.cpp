@@ -410,6 +410,7 @@ const TypeInfo TYPES[] = {
     // a row's share of its group: 16 rows of a super-block are one block_q4_K_r16
     {Type::Q4_K_R16, "q4_k_r16", QK_K, (int)sizeof(block_q4_K_r16) / R16},
     {Type::Q3_K_R16, "q3_k_r16", QK_K, (int)sizeof(block_q3_K_r16) / R16},
+    {Type::IQ4_XS_R16, "iq4_xs_r16", QK_K, (int)sizeof(block_iq4_xs_r16) / R16},
 };
 
 }  // namespace
@@ -480,6 +481,40 @@ void dequantize_q3_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64
         }
 }
 
+void repack_iq4_xs_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    const int64_t nsb = k / QK_K;
+    for (int64_t g = g0; g < g1; g++) {
+        block_iq4_xs_r16* out = (block_iq4_xs_r16*)dst + g * nsb;
+        for (int r = 0; r < R16; r++) {
+            const block_iq4_xs* row = (const block_iq4_xs*)(src + (size_t)(g * R16 + r) * src_row_bytes);
+            for (int64_t s = 0; s < nsb; s++) {
+                const block_iq4_xs& b = row[s];
+                block_iq4_xs_r16& p = out[s];
+                p.d[r] = b.d;
+                int8_t ls[8];
+                decode_scales_iq4_xs(b, ls);
+                for (int j = 0; j < 8; j++) {
+                    p.sc[j][r] = ls[j];
+                    for (int t = 0; t < 4; t++) std::memcpy(p.qs[j][t][r], b.qs + 16 * j + 4 * t, 4);
+                }
+            }
+        }
+    }
+}
+
+void dequantize_iq4_xs_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
+    const int64_t nsb = k / QK_K;
+    for (int64_t g = 0; g < n_groups; g++)
+        for (int64_t s = 0; s < nsb; s++) {
+            const block_iq4_xs_r16& p = ((const block_iq4_xs_r16*)src)[g * nsb + s];
+            for (int r = 0; r < R16; r++) {
+                block_iq4_xs b;
+                r16_row(p, r, b);
+                dequantize_row_lowbit(Type::IQ4_XS, (const uint8_t*)&b, dst + (g * R16 + r) * k + s * QK_K, QK_K);
+            }
+        }
+}
+
 void dequantize_q4_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
     const int64_t nsb = k / QK_K;
     for (int64_t g = 0; g < n_groups; g++)
@@ -531,6 +566,7 @@ ActFormat act_format(Type t) {
         case Type::Q6_K:
         case Type::Q4_K_R16:
         case Type::Q3_K_R16:
+        case Type::IQ4_XS_R16:
         case Type::Q2_K:
         case Type::Q3_K:
         case Type::IQ4_XS:
@@ -604,8 +640,9 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
             case Type::Q6_K:
                 quantize_row_q6_K(x, (block_q6_K*)y, k);
                 break;
-            case Type::Q4_K_R16:  // layouts made by repack_q4_K_r16 / repack_q3_K_r16, not quantized to (callers
-            case Type::Q3_K_R16:  // refuse them)
+            case Type::Q4_K_R16:  // layouts made at load (repack_*_r16), not quantized to (callers refuse them)
+            case Type::Q3_K_R16:
+            case Type::IQ4_XS_R16:
                 break;
             default:  // the low-bit formats with a quantizer (has_quantizer); callers refuse the others
                 quantize_row_lowbit(t, x, y, k);
@@ -621,6 +658,10 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
     }
     if (t == Type::Q3_K_R16) {
         dequantize_q3_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
+        return;
+    }
+    if (t == Type::IQ4_XS_R16) {
+        dequantize_iq4_xs_r16((const uint8_t*)src, dst, n_rows / R16, k);
         return;
     }
     const TypeInfo* ti = type_info((int32_t)t);
@@ -655,6 +696,7 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
                 break;
             case Type::Q4_K_R16:  // handled above, by groups of rows
             case Type::Q3_K_R16:
+            case Type::IQ4_XS_R16:
                 break;
             default:
                 dequantize_row_lowbit(t, x, y, k);

@@ -38,7 +38,7 @@ inline int nearest_int(float f) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
-// Dequantize n_rows rows of k weights into fp32 (q4_K_r16, q3_K_r16: n_rows a multiple of 16).
+// Dequantize n_rows rows of k weights into fp32 (the _r16 layouts: n_rows a multiple of 16).
 void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_t k);
 
 // q4_K rows in groups of 16 -> block_q4_K_r16: groups [g0, g1) of the matrix at src (rows of src_row_bytes),
@@ -48,6 +48,9 @@ void dequantize_q4_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64
 // q3_K rows in groups of 16 -> block_q3_K_r16, as repack_q4_K_r16 (row share 114 bytes). Lossless.
 void repack_q3_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
 void dequantize_q3_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
+// iq4_xs rows in groups of 16 -> block_iq4_xs_r16 (row share 138 bytes against 136). Lossless.
+void repack_iq4_xs_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
+void dequantize_iq4_xs_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
 
 // The inner searches of the k-quant reference quantizers (ggml's make_qkx2_quants and
 // make_qx_quants with rmse_type 1); an ISA file may provide a faster twin.

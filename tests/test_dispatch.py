@@ -64,7 +64,8 @@ def test_cli_info_system():
     assert info["isa"] == clover_cpu.system_info()["isa"]
     dotprod = clover_cpu.system_info()["cpu_features"].get("dotprod", False)
     assert ("q4_k" in info["repack"]) == (info["isa"] in ("avx2", "avxvnni", "avx512") or (info["isa"] == "neon" and dotprod))
-    assert ("q3_k" in info["repack"]) == (info["isa"] in ("avx2", "avxvnni", "avx512"))
+    for fmt in ("q3_k", "iq4_xs"):
+        assert (fmt in info["repack"]) == (info["isa"] in ("avx2", "avxvnni", "avx512"))
     # what a bug report needs: version, ISA chosen and available, threads, numpy, OS, CPU model
     assert info["version"] == clover_cpu.__version__ and info["available_isas"] and info["threads"] >= 1
     assert info["packages"]["numpy"] == np.__version__ and info["os"] and info["cpu_model"]

@@ -1,6 +1,6 @@
-"""q4_k and q3_k weights repacked at load into groups of 16 rows (formats "q4_k_r16", "q3_k_r16",
-csrc/formats.h): the same weights, the reference kernel's results bit for bit, every ISA's within rounding,
-the model's forward with and without it."""
+"""q4_k, q3_k and iq4_xs weights repacked at load into groups of 16 rows (formats "q4_k_r16",
+"q3_k_r16", "iq4_xs_r16", csrc/formats.h): the same weights, the reference kernel's results bit for bit,
+every ISA's within rounding, the model's forward with and without it."""
 
 import mmap
 import os
@@ -17,7 +17,8 @@ ISAS = clover_cpu.system_info()["available_isas"]
 TOL_VS_REF = 2e-5  # the same integer sums; the float work in another order
 
 
-SHARE = {"q4_k": 148, "q3_k": 114}  # bytes per row and super-block, repacked (144 and 110 in the file)
+SHARE = {"q4_k": 148, "q3_k": 114, "iq4_xs": 138}  # bytes per row and super-block, repacked (144, 110, 136 in
+# the file)
 
 
 def quant(rng, rows, k, fmt="q4_k", scale=1.0):
@@ -28,7 +29,7 @@ def q4k(rng, rows, k, scale=1.0):
     return quant(rng, rows, k, "q4_k", scale)
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q3_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q3_k", "iq4_xs"])
 @pytest.mark.parametrize("rows,k", [(16, 256), (48, 768), (512, 2048)])
 def test_repack_is_lossless(rows, k, fmt, rng):
     q = quant(rng, rows, k, fmt)
@@ -44,18 +45,19 @@ def test_repack_is_lossless(rows, k, fmt, rng):
                               kernels.dequantize(np.ascontiguousarray(e[i]), fmt))
 
 
-def test_one_call_repacks_both_formats(rng):
-    a, b = q4k(rng, 32, 512), quant(rng, 48, 512, "q3_k")
-    ra, rb = kernels.repack_r16([a, b], ["q4_k", "q3_k"])
-    assert ra.shape == (32, 2 * 148) and rb.shape == (48, 2 * 114)
+def test_one_call_repacks_every_format(rng):
+    a, b, c = q4k(rng, 32, 512), quant(rng, 48, 512, "q3_k"), quant(rng, 16, 512, "iq4_xs")
+    ra, rb, rc = kernels.repack_r16([a, b, c], ["q4_k", "q3_k", "iq4_xs"])
+    assert ra.shape == (32, 2 * 148) and rb.shape == (48, 2 * 114) and rc.shape == (16, 2 * 138)
     assert np.array_equal(kernels.dequantize(rb, "q3_k_r16"), kernels.dequantize(b, "q3_k"))
+    assert np.array_equal(kernels.dequantize(rc, "iq4_xs_r16"), kernels.dequantize(c, "iq4_xs"))
     with pytest.raises(ValueError, match="2 arrays but 1 formats"):
         kernels.repack_r16([a, b], ["q4_k"])
-    with pytest.raises(ValueError, match="takes q4_k or q3_k"):
+    with pytest.raises(ValueError, match="takes q4_k, q3_k or iq4_xs"):
         kernels.repack_r16([a], "q6_k")
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q3_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q3_k", "iq4_xs"])
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 70])
 def test_reference_kernel_is_the_file_layouts_bit_for_bit(m, fmt, rng):
     q = quant(rng, 48, 1024, fmt)
@@ -64,7 +66,7 @@ def test_reference_kernel_is_the_file_layouts_bit_for_bit(m, fmt, rng):
     assert np.array_equal(kernels.matmul(x, r, fmt + "_r16", isa="ref"), kernels.matmul(x, q, fmt, isa="ref"))
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q3_k"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q3_k", "iq4_xs"])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 32, 33, 40, 47, 48, 49, 64, 65, 96, 130])
 @pytest.mark.parametrize("rows,k", [(16, 256), (80, 2048), (1024, 512)])
 def test_every_isa_matches_the_reference(m, rows, k, fmt, rng):
@@ -123,32 +125,58 @@ def test_raw_q3_k_blocks_and_extreme_activations(rng):
             check_close(kernels.matmul(x[:m], r, "q3_k_r16", isa=isa), ref, TOL_VS_REF, f"raw q3_k {isa} M={m}")
 
 
+def test_raw_iq4_xs_blocks_and_extreme_activations(rng):
+    # every 6-bit scale and every nibble (raw bytes), rows of nibble 0 (-127, the largest magnitude: one
+    # vpmaddubsw pair at 2 x 127 x 127) against +-127 throughout and spikes
+    rows, k = 64, 1024
+    raw = rng.integers(0, 256, (rows, k // 256, 136), dtype=np.uint8)
+    raw[:, :, :2] = (rng.standard_normal((rows, k // 256, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    raw[[0, 9, 30], :, 8:] = 0x00
+    raw[[5, 17], :, 8:] = 0xFF
+    q = np.ascontiguousarray(raw.reshape(rows, -1))
+    (r,) = kernels.repack_r16([q], "iq4_xs")
+    assert np.array_equal(kernels.dequantize(r, "iq4_xs_r16"), kernels.dequantize(q, "iq4_xs"))
+    x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
+    x[0] = 1.0
+    x[1] = -1.0
+    x[2] = 0.0
+    x[3, ::97] = 1e4
+    for m in (1, 4, 9):
+        ref = kernels.matmul(x[:m], q, "iq4_xs", isa="ref")
+        assert np.array_equal(kernels.matmul(x[:m], r, "iq4_xs_r16", isa="ref"), ref)
+        for isa in ISAS:
+            got = kernels.matmul(x[:m], r, "iq4_xs_r16", isa=isa)
+            check_close(got, ref, TOL_VS_REF, f"raw iq4_xs {isa} M={m}")
+
+
 def test_native_kernel_where_it_exists():
     # the loader repacks only for kernels that have a product of their own (q4_k: AVX2, AVX-VNNI, AVX-512,
-    # and NEON on a CPU with sdot; q3_k: AVX2 and the tables built on it); the others carry the loops
-    assert not kernels.has_native_r16("q4_k", "ref") and not kernels.has_native_r16("q3_k", "ref")
+    # and NEON on a CPU with sdot; q3_k, iq4_xs: AVX2 and the tables built on it); the others carry the loops
+    assert not any(kernels.has_native_r16(f, "ref") for f in kernels.R16_FORMATS)
     dotprod = clover_cpu.system_info()["cpu_features"].get("dotprod", False)
     for isa in ISAS:
         assert kernels.has_native_r16("q4_k", isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
-        assert kernels.has_native_r16("q3_k", isa) == (isa in ("avx2", "avxvnni", "avx512"))
+        for fmt in ("q3_k", "iq4_xs"):
+            assert kernels.has_native_r16(fmt, isa) == (isa in ("avx2", "avxvnni", "avx512"))
 
 
-def test_q3_k_moe(rng):
+@pytest.mark.parametrize("fmt", ["q3_k", "iq4_xs"])
+def test_low_bit_moe(fmt, rng):
     H, I, E, top_k, M = 512, 256, 6, 2, 9
     x = rng.standard_normal((M, H)).astype(np.float32)
-    gate, up = quant(rng, E * I, H, "q3_k").reshape(E, I, -1), quant(rng, E * I, H, "q3_k").reshape(E, I, -1)
-    down = quant(rng, E * H, I, "q3_k").reshape(E, H, -1)
-    rg, ru, rd = kernels.repack_r16([gate, up, down], "q3_k")
+    gate, up = quant(rng, E * I, H, fmt).reshape(E, I, -1), quant(rng, E * I, H, fmt).reshape(E, I, -1)
+    down = quant(rng, E * H, I, fmt).reshape(E, H, -1)
+    rg, ru, rd = kernels.repack_r16([gate, up, down], fmt)
     ids = np.stack([rng.permutation(E)[:top_k] for _ in range(M)]).astype(np.int32)
     w = rng.random((M, top_k)).astype(np.float32)
-    want, n = kernels.moe(x, ids, w, gate, up, down, "q3_k", isa="ref")
+    want, n = kernels.moe(x, ids, w, gate, up, down, fmt, isa="ref")
     for isa in ISAS:
-        got, n2 = kernels.moe(x, ids, w, rg, ru, rd, "q3_k_r16", isa=isa)
+        got, n2 = kernels.moe(x, ids, w, rg, ru, rd, fmt + "_r16", isa=isa)
         assert n == n2
         if isa == "ref":
             assert np.array_equal(got, want)
         else:
-            check_close(got, want, 1e-3, f"q3_k moe {isa}")
+            check_close(got, want, 1e-3, f"{fmt} moe {isa}")
 
 
 def test_matmul_many_and_moe(rng):
@@ -253,10 +281,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module", params=["q4_k_m", "q3_k_m"])
+@pytest.fixture(scope="module", params=["q4_k_m", "q3_k_m", "iq4_xs"])
 def q4_model(request, tmp_path_factory):
     """A tiny Qwen3.5-MoE whose layer weights take q4_k (rows of 256), converted as Q4_K_M, and the same as
-    Q3_K_M (q3_k experts and projections, q4_k / q5_k others)."""
+    Q3_K_M (q3_k experts and projections, q4_k / q5_k others) and IQ4_XS."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     from clover_cpu.convert.hf import convert
@@ -289,7 +317,7 @@ def test_model_forward_with_and_without_repack(q4_model):
     assert not off.repacked and on.repacked
     before = {name: w.fmt for name, w in off.layers[0].items() if hasattr(w, "fmt")}
     fmts = {name: w.fmt for name, w in on.layers[0].items() if hasattr(w, "fmt")}
-    expert = before["gate_exps"]  # q4_k or q3_k: the file's, each repacked where the kernels have its product
+    expert = before["gate_exps"]  # q4_k, q3_k, iq4_xs: the file's, repacked where the kernels multiply it
     assert fmts["gate_exps"] == fmts["up_exps"] == (expert + "_r16" if kernels.has_native_r16(expert) else expert)
     # every layer matrix of those formats whose rows come in whole groups of 16 (not alpha / beta: a row
     # per head)
@@ -327,9 +355,9 @@ import sys, numpy as np, clover_cpu
 m = clover_cpu.load(sys.argv[1], repack="off")
 ids = np.random.default_rng(1).integers(0, 512, 21)
 want = m.forward(ids)
-m._load_weights(["q4_k", "q3_k"])
+m._load_weights(list(clover_cpu.kernels.R16_FORMATS))
 fmts = {n: w.fmt for L in m.layers for n, w in L.items() if hasattr(w, "fmt")}
-assert m.repacked and fmts["gate_exps"] == fmts["up_exps"] in ("q4_k_r16", "q3_k_r16"), fmts
+assert m.repacked and fmts["gate_exps"] == fmts["up_exps"] in ("q4_k_r16", "q3_k_r16", "iq4_xs_r16"), fmts
 got = m.forward(ids)
 m.fused = False
 print(np.array_equal(got, want), np.array_equal(m.forward(ids), want), np.abs(got - want).max())
