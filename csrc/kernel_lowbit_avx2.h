@@ -375,19 +375,19 @@ template <class T, class Unpacked>
 struct R16LowScratch : R16SumsInMemory<T> {
     static constexpr bool PAIRS = false;  // (the tiles read block_q8_K's bsums themselves)
     static constexpr int GMAX = 4;        // tokens per weight load, as TileR16<DotMaddubs>
-    static Unpacked& scratch() {
+    __attribute__((always_inline)) static Unpacked& scratch() {
         static thread_local Unpacked un;
         return un;
     }
     template <Prefetch PF>
-    static void prefetch(const void* p) {
+    __attribute__((always_inline)) static void prefetch(const void* p) {
         prefetch_r16<PF, 2048, 8192>(p);
     }
     // the super-block ahead in the first half's pass, lines 4 k .. 4 k + 3 at its k-th of 8 steps (a burst
     // of all at the start left q3_K's one token from memory at 45.6 ns per super-block row, 19.6 in cache;
     // spread, 21.0 from memory)
     template <Prefetch PF>
-    static void prefetch_part(const void* p, int h, int k) {
+    __attribute__((always_inline)) static void prefetch_part(const void* p, int h, int k) {
         if (PF != Prefetch::NONE && h == 0)
             for (int l = 4 * k; l < 4 * k + 4 && 64 * l < (int)sizeof(typename T::Block); l++)
                 prefetch<PF>((const char*)p + 64 * l);
