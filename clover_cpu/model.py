@@ -298,11 +298,15 @@ class Model:
         return Experts(d.reshape(ne[2], ne[1], d.shape[1]), ti.type_name)
 
     def _repack(self, formats: list[str]) -> None:
-        """The layers' weights in formats (of kernels.R16_FORMATS; matrices and experts with rows in whole
-        groups of 16) copied into their _r16 layouts, all in one call: one buffer, each file range released
-        as it is copied. The embedding and the output head keep the file's layout (rows looked up by id; one
-        row of logits)."""
-        ws = [w for L in self.layers for w in L.values()
+        """The layers' weights and the output head in formats (of kernels.R16_FORMATS; matrices and experts
+        with rows in whole groups of 16) copied into their _r16 layouts, all in one call: one buffer, each
+        file range released as it is copied. The embedding keeps the file's layout (rows looked up by id),
+        and so does a head that is the embedding (tied)."""
+        # q6_k in the head only: its repacked tile is 1.5x the file layout's at one token but slower from
+        # about 16 tokens on (prefill), and the head multiplies one row per decoded token
+        head = [self.output] if self.output is not self.embed else []
+        layers = [w for L in self.layers for w in L.values() if getattr(w, "fmt", None) != "q6_k"]
+        ws = [w for w in layers + head
               if isinstance(w, (Matrix, Experts)) and w.fmt in formats and w.data.shape[-2] % 16 == 0]
         for w, packed in zip(ws, kernels.repack_r16([w.data for w in ws], [w.fmt for w in ws], release=True)):
             w.data, w.fmt = packed, w.fmt + "_r16"

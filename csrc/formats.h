@@ -37,9 +37,10 @@ enum class Type : int32_t {
     // Not a GGUF type: q4_K rows repacked at load in groups of 16 (block_q4_K_r16), for kernels that keep
     // one weight row per vector lane. Never read from or written to a file (type_table leaves it out).
     Q4_K_R16 = 1012,
-    // Not GGUF types either: q3_K and iq4_xs rows repacked at load in groups of 16 (block_q3_K_r16,
-    // block_iq4_xs_r16).
+    // Not GGUF types either: q3_K, q6_K and iq4_xs rows repacked at load in groups of 16 (block_q3_K_r16,
+    // block_q6_K_r16, block_iq4_xs_r16).
     Q3_K_R16 = 1011,
+    Q6_K_R16 = 1014,
     IQ4_XS_R16 = 1023,
 };
 
@@ -133,6 +134,18 @@ struct block_q3_K_r16 {
     uint8_t qh[8][16][4];    // [word t][row][byte i]
 };
 static_assert(sizeof(block_q3_K_r16) == 16 * 114, "block_q3_K_r16 is 1824 bytes");
+
+// 16 rows of one q6_K super-block, repacked (repack_q6_K_r16), as block_q3_K_r16: weight 32 v + l of a row
+// (v = 4 n + k, l = 4 t + i) has its low 4 bits in the nibble k / 2 of ql[2 n + k % 2][t][row][i] and its
+// high 2 bits at bits 2k of qh[n][t][row][i] (block_q6_K's ql and qh, word t of each 32-byte run per
+// row); sc[v][row] the scales of groups 2v, 2v + 1. The same 210 bytes per row as the file.
+struct block_q6_K_r16 {
+    uint16_t d[16];           // fp16, per row
+    int8_t sc[8][16][2];      // [vector v][row][group 2v, 2v + 1]
+    uint8_t ql[4][8][16][4];  // [32-byte run c][word t][row][byte i]
+    uint8_t qh[2][8][16][4];  // [half n][word t][row][byte i]
+};
+static_assert(sizeof(block_q6_K_r16) == 16 * 210, "block_q6_K_r16 is 3360 bytes");
 
 // 16 rows of one iq4_xs super-block, repacked (repack_iq4_xs_r16): qs[j][t][row] holds the row's bytes
 // 16 j + 4 t .. + 3 (group j's weights 32 j + 4 t .. + 3 in the low nibbles, 32 j + 16 + 4 t .. in the high),
@@ -409,6 +422,16 @@ inline void r16_row(const block_iq4_xs_r16& p, int r, block_iq4_xs& b) {
         b.scales_l[j / 2] |= (uint8_t)((ls & 0xf) << (4 * (j % 2)));
         b.scales_h |= (uint16_t)((ls >> 4) << (2 * j));
         for (int t = 0; t < 4; t++) std::memcpy(b.qs + 16 * j + 4 * t, p.qs[j][t][r], 4);
+    }
+}
+
+// Row r of a repacked q6_K super-block as the file holds it (block_q6_K, byte for byte).
+inline void r16_row(const block_q6_K_r16& p, int r, block_q6_K& b) {
+    b.d = p.d[r];
+    for (int j = 0; j < 16; j++) b.scales[j] = p.sc[j / 2][r][j % 2];
+    for (int t = 0; t < 8; t++) {
+        for (int c = 0; c < 4; c++) std::memcpy(b.ql + 32 * c + 4 * t, p.ql[c][t][r], 4);
+        for (int n = 0; n < 2; n++) std::memcpy(b.qh + 32 * n + 4 * t, p.qh[n][t][r], 4);
     }
 }
 

@@ -383,14 +383,14 @@ struct R16LowScratch : R16SumsInMemory<T> {
     __attribute__((always_inline)) static void prefetch(const void* p) {
         prefetch_r16<PF, 2048, 8192>(p);
     }
-    // the super-block ahead in the first half's pass, lines 4 k .. 4 k + 3 at its k-th of 8 steps (a burst
+    // the super-block ahead in the first half's pass, an eighth of its lines at each of 8 steps k (a burst
     // of all at the start left q3_K's one token from memory at 45.6 ns per super-block row, 19.6 in cache;
     // spread, 21.0 from memory)
     template <Prefetch PF>
     __attribute__((always_inline)) static void prefetch_part(const void* p, int h, int k) {
+        constexpr int LINES = (int)(sizeof(typename T::Block) + 63) / 64, PER = (LINES + 7) / 8;
         if (PF != Prefetch::NONE && h == 0)
-            for (int l = 4 * k; l < 4 * k + 4 && 64 * l < (int)sizeof(typename T::Block); l++)
-                prefetch<PF>((const char*)p + 64 * l);
+            for (int l = PER * k; l < PER * k + PER && l < LINES; l++) prefetch<PF>((const char*)p + 64 * l);
     }
     // One super-block for one of several groups (R16SumsInMemory's, with the unpacking shared).
     template <int G, class B>
@@ -404,23 +404,21 @@ struct R16LowScratch : R16SumsInMemory<T> {
     }
 };
 
-// q3_K (block_q3_K_r16):
-// Per half (rows 8h .. 8h + 7), vector v (n = v / 4, j = v % 4) and word t: u = low 2 bits | high bit << 2
-// of 4 weights of 8 rows by shifts and masks of two 32-byte loads (q + 4, in 0..7), vpmaddubsw against the
-// token's 4 activations broadcast, the 4 words of a group of 16 summed in int16 (at most 4 x 2 x 7 x 127),
-// then vpmaddwd by each row's scale of that group (pairs (sc, sc)) into int32; the + 4 comes back through
-// the group sums, sum_g sc_g bsum_g by vpmaddwd of the (sc_2v, sc_2v + 1) pairs against the token's bsums
-// (an int16 pair per dword, as block_q8_K holds them). One float multiply-add per half and token: d x d_x.
-struct alignas(32) UnpackedQ3K {
-    __m256i u[2][8][8];  // [half][vector v][word t]
-};
-struct TileQ3KR16 : R16LowScratch<TileQ3KR16, UnpackedQ3K> {
+// q3_K and q6_K (block_q3_K_r16, block_q6_K_r16): per half (rows 8h .. 8h + 7), vector v (weights 32 v ..
+// 32 v + 31) and word t, u = the weights' unsigned codes (q3_K: low 2 bits | high bit << 2, q + 4 in 0..7;
+// q6_K: low nibble | high 2 bits << 4, q + 32 in 0..63) for 4 weights of 8 rows by shifts and masks of two
+// 32-byte loads, vpmaddubsw against the token's 4 activations broadcast, U::CHAIN words summed in int16
+// (q3_K 4 x 2 x 7 x 127, q6_K 2 x 2 x 63 x 127), then vpmaddwd by each row's scale of that group of 16
+// (pairs (sc, sc)) into int32; the offset comes back through the group sums, sum_g sc_g bsum_g by
+// vpmaddwd of the (sc_2v, sc_2v + 1) pairs against the token's bsums (an int16 pair per dword, as
+// block_q8_K holds them), times 2^OFFSET_SHIFT. One float multiply-add per half and token: d x d_x.
+struct R16Q3K {
     using Block = block_q3_K_r16;
     static constexpr gemm_fn ref = &gemm_q3_K_r16_ref;
-
+    static constexpr int CHAIN = 4, OFFSET_SHIFT = 2;
     // u of vector v, word t of half h (8 rows x 4 weights)
     template <int v>
-    __attribute__((always_inline)) static __m256i unpack(const block_q3_K_r16& p, int h, int t) {
+    __attribute__((always_inline)) static __m256i unpack(const Block& p, int h, int t) {
         constexpr int n = v / 4, j = v % 4;
         const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
         const __m256i ql = _mm256_loadu_si256((const __m256i*)p.ql[n][t][8 * h]);
@@ -431,38 +429,67 @@ struct TileQ3KR16 : R16LowScratch<TileQ3KR16, UnpackedQ3K> {
         else hb = _mm256_and_si256(_mm256_srli_epi16(qh, v - 2), m4);
         return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 2 * j), m3), hb);
     }
+};
+struct R16Q6K {
+    using Block = block_q6_K_r16;
+    static constexpr gemm_fn ref = &gemm_q6_K_r16_ref;
+    static constexpr int CHAIN = 2, OFFSET_SHIFT = 5;
+    template <int v>
+    __attribute__((always_inline)) static __m256i unpack(const Block& p, int h, int t) {
+        constexpr int n = v / 4, k = v % 4;
+        const __m256i ql = _mm256_loadu_si256((const __m256i*)p.ql[2 * n + k % 2][t][8 * h]);
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)p.qh[n][t][8 * h]);
+        const __m256i lo = _mm256_and_si256(k / 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0f));
+        __m256i hi;  // bits 2k, 2k + 1 to bits 4, 5
+        if constexpr (2 * k < 4) hi = _mm256_slli_epi16(qh, 4 - 2 * k);
+        else if constexpr (2 * k == 4) hi = qh;
+        else hi = _mm256_srli_epi16(qh, 2 * k - 4);
+        return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+    }
+};
+struct alignas(32) UnpackedKR16 {
+    __m256i u[2][8][8];  // [half][vector v][word t]
+};
+template <class U>
+struct TileKR16 : R16LowScratch<TileKR16<U>, UnpackedKR16> {
+    using Block = typename U::Block;
+    using Base = R16LowScratch<TileKR16<U>, UnpackedKR16>;
+    static constexpr gemm_fn ref = U::ref;
 
     template <int G, Prefetch PF, bool SCRATCH, int v>
-    __attribute__((always_inline)) static void vec(const block_q3_K_r16& p, int h, const block_q8_K* const* xs,
-                                                   int64_t s, __m256i* isum, __m256i* off) {
-        prefetch_part<PF>(&p, h, v);
+    __attribute__((always_inline)) static void vec(const Block& p, int h, const block_q8_K* const* xs, int64_t s,
+                                                   __m256i* isum, __m256i* off) {
+        Base::template prefetch_part<PF>(&p, h, v);
         // dword lane r: (sc_2v, sc_2v + 1) of row 8h + r as int16; then each one doubled
         const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p.sc[v][8 * h]));
         const __m256i s0 = _mm256_shuffle_epi8(scp, _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
                                                                       0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
         const __m256i s1 = _mm256_shuffle_epi8(scp, _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15,
                                                                       2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
-        const UnpackedQ3K& un = scratch();
-        for (int gg = 0; gg < 2; gg++) {
-            __m256i sum[G];
-            for (int g = 0; g < G; g++) sum[g] = _mm256_setzero_si256();
-            const auto word = [&](int t) __attribute__((always_inline)) {
-                const __m256i u = SCRATCH ? _mm256_load_si256(&un.u[h][v][t]) : unpack<v>(p, h, t);
-                for (int g = 0; g < G; g++) {
-                    int32_t a;
-                    std::memcpy(&a, xs[g][s].qs + 32 * v + 4 * t, 4);
-                    sum[g] = _mm256_add_epi16(sum[g], _mm256_maddubs_epi16(u, _mm256_set1_epi32(a)));
-                }
-            };
-            // unpacking as they go: every word unrolled (one token 26 -> 19.5 ns per super-block row on Zen
-            // 1, 4 tokens 14.5 -> 12.5); from the scratch a loop
-            if constexpr (!SCRATCH) {
-                for (int i = 0; i < 4; i++) word(4 * gg + i);
-            } else {
+        const UnpackedKR16& un = Base::scratch();
+        for (int c = 0; c < 4; c += U::CHAIN) {  // words c .. c + CHAIN - 1 of each group (gg: words 4 gg ..)
+            for (int gg = 0; gg < 2; gg++) {
+                __m256i sum[G];
+                for (int g = 0; g < G; g++) sum[g] = _mm256_setzero_si256();
+                const auto word = [&](int t) __attribute__((always_inline)) {
+                    const __m256i u = SCRATCH ? _mm256_load_si256(&un.u[h][v][t]) : U::template unpack<v>(p, h, t);
+                    for (int g = 0; g < G; g++) {
+                        int32_t a;
+                        std::memcpy(&a, xs[g][s].qs + 32 * v + 4 * t, 4);
+                        sum[g] = _mm256_add_epi16(sum[g], _mm256_maddubs_epi16(u, _mm256_set1_epi32(a)));
+                    }
+                };
+                // unpacking as they go: every word unrolled (q3_K one token 26 -> 19.5 ns per super-block row
+                // on Zen 1, 4 tokens 14.5 -> 12.5); from the scratch a loop
+                if constexpr (!SCRATCH) {
+                    for (int i = 0; i < U::CHAIN; i++) word(4 * gg + c + i);
+                } else {
 #pragma GCC unroll 1
-                for (int i = 0; i < 4; i++) word(4 * gg + i);
+                    for (int i = 0; i < U::CHAIN; i++) word(4 * gg + c + i);
+                }
+                for (int g = 0; g < G; g++)
+                    isum[g] = _mm256_add_epi32(isum[g], _mm256_madd_epi16(sum[g], gg ? s1 : s0));
             }
-            for (int g = 0; g < G; g++) isum[g] = _mm256_add_epi32(isum[g], _mm256_madd_epi16(sum[g], gg ? s1 : s0));
         }
         for (int g = 0; g < G; g++) {
             int32_t bp;
@@ -471,30 +498,29 @@ struct TileQ3KR16 : R16LowScratch<TileQ3KR16, UnpackedQ3K> {
         }
     }
     template <int G, Prefetch PF, bool SCRATCH, int... v>
-    __attribute__((always_inline)) static void vecs(std::integer_sequence<int, v...>, const block_q3_K_r16& p, int h,
+    __attribute__((always_inline)) static void vecs(std::integer_sequence<int, v...>, const Block& p, int h,
                                                     const block_q8_K* const* xs, int64_t s, __m256i* isum, __m256i* off) {
         (vec<G, PF, SCRATCH, v>(p, h, xs, s, isum, off), ...);
     }
     template <int... v>
-    static void unpack_vs(std::integer_sequence<int, v...>, const block_q3_K_r16& p) {
-        UnpackedQ3K& un = scratch();
+    static void unpack_vs(std::integer_sequence<int, v...>, const Block& p) {
+        UnpackedKR16& un = Base::scratch();
         for (int h = 0; h < 2; h++)
-            for (int t = 0; t < 8; t++) ((un.u[h][v][t] = unpack<v>(p, h, t)), ...);
+            for (int t = 0; t < 8; t++) ((un.u[h][v][t] = U::template unpack<v>(p, h, t)), ...);
     }
-    static void unpack_all(const block_q3_K_r16& p) { unpack_vs(std::make_integer_sequence<int, 8>{}, p); }
+    static void unpack_all(const Block& p) { unpack_vs(std::make_integer_sequence<int, 8>{}, p); }
 
     // Super-block s of the 16 rows at p for G tokens: acc[16 g + r] += its share of row r's dot with token g
     // (SCRATCH: the words from scratch(), which unpack_all filled from p).
     template <int G, Prefetch PF, bool SCRATCH = false>
-    static void superblock(const block_q3_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*,
-                           float* acc) {
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*, float* acc) {
         for (int h = 0; h < 2; h++) {
             __m256i isum[G], off[G];
             for (int g = 0; g < G; g++) isum[g] = off[g] = _mm256_setzero_si256();
             vecs<G, PF, SCRATCH>(std::make_integer_sequence<int, 8>{}, p, h, xs, s, isum, off);
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.d + 8 * h)));
             for (int g = 0; g < G; g++) {
-                const __m256i q = _mm256_sub_epi32(isum[g], _mm256_slli_epi32(off[g], 2));
+                const __m256i q = _mm256_sub_epi32(isum[g], _mm256_slli_epi32(off[g], U::OFFSET_SHIFT));
                 float* a = acc + 16 * g + 8 * h;
                 _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(d, _mm256_set1_ps(xs[g][s].d)),
                                                     _mm256_loadu_ps(a)));

@@ -411,6 +411,7 @@ const TypeInfo TYPES[] = {
     {Type::Q4_K_R16, "q4_k_r16", QK_K, (int)sizeof(block_q4_K_r16) / R16},
     {Type::Q3_K_R16, "q3_k_r16", QK_K, (int)sizeof(block_q3_K_r16) / R16},
     {Type::IQ4_XS_R16, "iq4_xs_r16", QK_K, (int)sizeof(block_iq4_xs_r16) / R16},
+    {Type::Q6_K_R16, "q6_k_r16", QK_K, (int)sizeof(block_q6_K_r16) / R16},
 };
 
 }  // namespace
@@ -477,6 +478,39 @@ void dequantize_q3_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64
                 block_q3_K b;
                 r16_row(p, r, b);
                 dequantize_row_lowbit(Type::Q3_K, (const uint8_t*)&b, dst + (g * R16 + r) * k + s * QK_K, QK_K);
+            }
+        }
+}
+
+void repack_q6_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    const int64_t nsb = k / QK_K;
+    for (int64_t g = g0; g < g1; g++) {
+        block_q6_K_r16* out = (block_q6_K_r16*)dst + g * nsb;
+        for (int r = 0; r < R16; r++) {
+            const block_q6_K* row = (const block_q6_K*)(src + (size_t)(g * R16 + r) * src_row_bytes);
+            for (int64_t s = 0; s < nsb; s++) {
+                const block_q6_K& b = row[s];
+                block_q6_K_r16& p = out[s];
+                p.d[r] = b.d;
+                for (int j = 0; j < 16; j++) p.sc[j / 2][r][j % 2] = b.scales[j];
+                for (int t = 0; t < 8; t++) {
+                    for (int c = 0; c < 4; c++) std::memcpy(p.ql[c][t][r], b.ql + 32 * c + 4 * t, 4);
+                    for (int n = 0; n < 2; n++) std::memcpy(p.qh[n][t][r], b.qh + 32 * n + 4 * t, 4);
+                }
+            }
+        }
+    }
+}
+
+void dequantize_q6_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
+    const int64_t nsb = k / QK_K;
+    for (int64_t g = 0; g < n_groups; g++)
+        for (int64_t s = 0; s < nsb; s++) {
+            const block_q6_K_r16& p = ((const block_q6_K_r16*)src)[g * nsb + s];
+            for (int r = 0; r < R16; r++) {
+                block_q6_K b;
+                r16_row(p, r, b);
+                dequantize_row_q6_K(&b, dst + (g * R16 + r) * k + s * QK_K, QK_K);
             }
         }
 }
@@ -567,6 +601,7 @@ ActFormat act_format(Type t) {
         case Type::Q4_K_R16:
         case Type::Q3_K_R16:
         case Type::IQ4_XS_R16:
+        case Type::Q6_K_R16:
         case Type::Q2_K:
         case Type::Q3_K:
         case Type::IQ4_XS:
@@ -643,6 +678,7 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
             case Type::Q4_K_R16:  // layouts made at load (repack_*_r16), not quantized to (callers refuse them)
             case Type::Q3_K_R16:
             case Type::IQ4_XS_R16:
+            case Type::Q6_K_R16:
                 break;
             default:  // the low-bit formats with a quantizer (has_quantizer); callers refuse the others
                 quantize_row_lowbit(t, x, y, k);
@@ -662,6 +698,10 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
     }
     if (t == Type::IQ4_XS_R16) {
         dequantize_iq4_xs_r16((const uint8_t*)src, dst, n_rows / R16, k);
+        return;
+    }
+    if (t == Type::Q6_K_R16) {
+        dequantize_q6_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
         return;
     }
     const TypeInfo* ti = type_info((int32_t)t);
@@ -697,6 +737,7 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
             case Type::Q4_K_R16:  // handled above, by groups of rows
             case Type::Q3_K_R16:
             case Type::IQ4_XS_R16:
+            case Type::Q6_K_R16:
                 break;
             default:
                 dequantize_row_lowbit(t, x, y, k);

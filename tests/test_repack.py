@@ -1,5 +1,5 @@
-"""q4_k, q3_k and iq4_xs weights repacked at load into groups of 16 rows (formats "q4_k_r16",
-"q3_k_r16", "iq4_xs_r16", csrc/formats.h): the same weights, the reference kernel's results bit for bit,
+"""q4_k, q3_k, q6_k and iq4_xs weights repacked at load into groups of 16 rows (formats "q4_k_r16",
+"q3_k_r16", "q6_k_r16", "iq4_xs_r16", csrc/formats.h): the same weights, the reference kernel's results bit for bit,
 every ISA's within rounding, the model's forward with and without it."""
 
 import mmap
@@ -17,8 +17,8 @@ ISAS = clover_cpu.system_info()["available_isas"]
 TOL_VS_REF = 2e-5  # the same integer sums; the float work in another order
 
 
-SHARE = {"q4_k": 148, "q3_k": 114, "iq4_xs": 138}  # bytes per row and super-block, repacked (144, 110, 136 in
-# the file)
+# bytes per row and super-block, repacked (144, 110, 210, 136 in the file)
+SHARE = {"q4_k": 148, "q3_k": 114, "q6_k": 210, "iq4_xs": 138}
 
 
 def quant(rng, rows, k, fmt="q4_k", scale=1.0):
@@ -29,7 +29,7 @@ def q4k(rng, rows, k, scale=1.0):
     return quant(rng, rows, k, "q4_k", scale)
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q3_k", "iq4_xs"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q3_k", "q6_k", "iq4_xs"])
 @pytest.mark.parametrize("rows,k", [(16, 256), (48, 768), (512, 2048)])
 def test_repack_is_lossless(rows, k, fmt, rng):
     q = quant(rng, rows, k, fmt)
@@ -46,18 +46,18 @@ def test_repack_is_lossless(rows, k, fmt, rng):
 
 
 def test_one_call_repacks_every_format(rng):
-    a, b, c = q4k(rng, 32, 512), quant(rng, 48, 512, "q3_k"), quant(rng, 16, 512, "iq4_xs")
-    ra, rb, rc = kernels.repack_r16([a, b, c], ["q4_k", "q3_k", "iq4_xs"])
-    assert ra.shape == (32, 2 * 148) and rb.shape == (48, 2 * 114) and rc.shape == (16, 2 * 138)
-    assert np.array_equal(kernels.dequantize(rb, "q3_k_r16"), kernels.dequantize(b, "q3_k"))
-    assert np.array_equal(kernels.dequantize(rc, "iq4_xs_r16"), kernels.dequantize(c, "iq4_xs"))
+    ws = [quant(rng, 16 * (i + 1), 512, f) for i, f in enumerate(kernels.R16_FORMATS)]
+    rs = kernels.repack_r16(ws, kernels.R16_FORMATS)
+    for i, (f, w, r) in enumerate(zip(kernels.R16_FORMATS, ws, rs)):
+        assert r.shape == (16 * (i + 1), 2 * SHARE[f])
+        assert np.array_equal(kernels.dequantize(r, f + "_r16"), kernels.dequantize(w, f))
     with pytest.raises(ValueError, match="2 arrays but 1 formats"):
-        kernels.repack_r16([a, b], ["q4_k"])
-    with pytest.raises(ValueError, match="takes q4_k, q3_k or iq4_xs"):
-        kernels.repack_r16([a], "q6_k")
+        kernels.repack_r16(ws[:2], ["q4_k"])
+    with pytest.raises(ValueError, match="takes q4_k, q3_k, q6_k or iq4_xs"):
+        kernels.repack_r16(ws[:1], "q5_k")
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q3_k", "iq4_xs"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q3_k", "q6_k", "iq4_xs"])
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 70])
 def test_reference_kernel_is_the_file_layouts_bit_for_bit(m, fmt, rng):
     q = quant(rng, 48, 1024, fmt)
@@ -66,7 +66,7 @@ def test_reference_kernel_is_the_file_layouts_bit_for_bit(m, fmt, rng):
     assert np.array_equal(kernels.matmul(x, r, fmt + "_r16", isa="ref"), kernels.matmul(x, q, fmt, isa="ref"))
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q3_k", "iq4_xs"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q3_k", "q6_k", "iq4_xs"])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 32, 33, 40, 47, 48, 49, 64, 65, 96, 130])
 @pytest.mark.parametrize("rows,k", [(16, 256), (80, 2048), (1024, 512)])
 def test_every_isa_matches_the_reference(m, rows, k, fmt, rng):
@@ -125,6 +125,29 @@ def test_raw_q3_k_blocks_and_extreme_activations(rng):
             check_close(kernels.matmul(x[:m], r, "q3_k_r16", isa=isa), ref, TOL_VS_REF, f"raw q3_k {isa} M={m}")
 
 
+def test_raw_q6_k_blocks_and_extreme_activations(rng):
+    # every scale byte and 6-bit value (raw bytes), rows at the int16 chains' largest (every weight 31 or
+    # -32) against +-127 throughout and spikes
+    rows, k = 64, 1024
+    raw = rng.integers(0, 256, (rows, k // 256, 210), dtype=np.uint8)
+    raw[:, :, 208:] = (rng.standard_normal((rows, k // 256, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    raw[[0, 9, 30], :, :192] = 0xFF
+    raw[[5, 17], :, :192] = 0x00
+    q = np.ascontiguousarray(raw.reshape(rows, -1))
+    (r,) = kernels.repack_r16([q], "q6_k")
+    assert np.array_equal(kernels.dequantize(r, "q6_k_r16"), kernels.dequantize(q, "q6_k"))
+    x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
+    x[0] = 1.0
+    x[1] = -1.0
+    x[2] = 0.0
+    x[3, ::97] = 1e4
+    for m in (1, 4, 9):
+        ref = kernels.matmul(x[:m], q, "q6_k", isa="ref")
+        assert np.array_equal(kernels.matmul(x[:m], r, "q6_k_r16", isa="ref"), ref)
+        for isa in ISAS:
+            check_close(kernels.matmul(x[:m], r, "q6_k_r16", isa=isa), ref, TOL_VS_REF, f"raw q6_k {isa} M={m}")
+
+
 def test_raw_iq4_xs_blocks_and_extreme_activations(rng):
     # every 6-bit scale and every nibble (raw bytes), rows of nibble 0 (-127, the largest magnitude: one
     # vpmaddubsw pair at 2 x 127 x 127) against +-127 throughout and spikes
@@ -151,16 +174,18 @@ def test_raw_iq4_xs_blocks_and_extreme_activations(rng):
 
 def test_native_kernel_where_it_exists():
     # the loader repacks only for kernels that have a product of their own (q4_k: AVX2, AVX-VNNI, AVX-512,
-    # and NEON on a CPU with sdot; q3_k, iq4_xs: AVX2 and the tables built on it); the others carry the loops
+    # and NEON on a CPU with sdot; q3_k, iq4_xs: AVX2 and the tables built on it; q6_k: AVX2 alone, the
+    # AVX-VNNI and AVX-512 tables multiply its file layout with their own); the others carry the loops
     assert not any(kernels.has_native_r16(f, "ref") for f in kernels.R16_FORMATS)
     dotprod = clover_cpu.system_info()["cpu_features"].get("dotprod", False)
     for isa in ISAS:
         assert kernels.has_native_r16("q4_k", isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
         for fmt in ("q3_k", "iq4_xs"):
             assert kernels.has_native_r16(fmt, isa) == (isa in ("avx2", "avxvnni", "avx512"))
+        assert kernels.has_native_r16("q6_k", isa) == (isa == "avx2")
 
 
-@pytest.mark.parametrize("fmt", ["q3_k", "iq4_xs"])
+@pytest.mark.parametrize("fmt", ["q3_k", "q6_k", "iq4_xs"])
 def test_low_bit_moe(fmt, rng):
     H, I, E, top_k, M = 512, 256, 6, 2, 9
     x = rng.standard_normal((M, H)).astype(np.float32)
@@ -322,9 +347,13 @@ def test_model_forward_with_and_without_repack(q4_model):
     # every layer matrix of those formats whose rows come in whole groups of 16 (not alpha / beta: a row
     # per head)
     whole = {n for n, w in off.layers[0].items() if hasattr(w, "fmt") and w.data.shape[-2] % 16 == 0}
-    assert fmts == {n: f + "_r16" if f in kernels.R16_FORMATS and kernels.has_native_r16(f) and n in whole else f
-                    for n, f in before.items()}, fmts
-    assert not on.embed.fmt.endswith("_r16") and not on.output.fmt.endswith("_r16")
+    def packed(f, whole_rows):
+        return f + "_r16" if f in kernels.R16_FORMATS and kernels.has_native_r16(f) and whole_rows else f
+
+    # (q6_k only in the head: its repacked tile loses to the file layout's in prefill, model.py)
+    assert fmts == {n: packed(f, n in whole and f != "q6_k") for n, f in before.items()}, fmts
+    # the head too (this model's is its own, not the embedding), the embedding never (rows looked up by id)
+    assert on.output.fmt == packed(off.output.fmt, True) and on.embed.fmt == off.embed.fmt
     # The native kernels sum in another order than the file layout's, and in this random model one
     # rounding difference that moves an activation across a quantization step (or the router across a
     # near-tie) parts the forwards by ~1e-2 from that position on: under the AVX2 kernels these two part
@@ -357,7 +386,7 @@ ids = np.random.default_rng(1).integers(0, 512, 21)
 want = m.forward(ids)
 m._load_weights(list(clover_cpu.kernels.R16_FORMATS))
 fmts = {n: w.fmt for L in m.layers for n, w in L.items() if hasattr(w, "fmt")}
-assert m.repacked and fmts["gate_exps"] == fmts["up_exps"] in ("q4_k_r16", "q3_k_r16", "iq4_xs_r16"), fmts
+assert m.repacked and fmts["gate_exps"] == fmts["up_exps"] and fmts["gate_exps"].endswith("_r16"), fmts
 got = m.forward(ids)
 m.fused = False
 print(np.array_equal(got, want), np.array_equal(m.forward(ids), want), np.abs(got - want).max())
