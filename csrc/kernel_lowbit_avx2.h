@@ -368,7 +368,7 @@ struct TileLow256 {
 };
 
 // ---- low-bit types repacked by 16 rows: one row per int32 lane, 8 rows per register ----
-// What the q3_K and iq4_xs tiles share: kernel_r16.h's driver, with one group of tokens (rows) unpacking
+// What the q3_K, q6_K and iq4_xs tiles share: kernel_r16.h's driver, with one group of tokens (rows) unpacking
 // each weight word as it goes, and several groups (step) the first unpacking the super-block once into a
 // thread's scratch (Unpacked) that every group reads, as the file layout's lane tiles (KindLowV) do per row.
 template <class T, class Unpacked>

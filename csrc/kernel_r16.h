@@ -71,7 +71,7 @@ struct R16Of<T, std::void_t<typename T::Block>> {
 };
 
 // rows and step of a Tile T whose superblock<G, PF>(p, s, xs, bsp, acc) adds super-block s of the 16 rows
-// at p to the 16 G sums at acc in memory (kernel_r16_256.h's, kernel_lowbit_avx2.h's q3_K one and the
+// at p to the 16 G sums at acc in memory (kernel_r16_256.h's, kernel_lowbit_avx2.h's low-bit ones and the
 // NEON one; AVX-512's keep theirs in registers).
 template <class T>
 struct R16SumsInMemory {
