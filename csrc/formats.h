@@ -411,6 +411,17 @@ inline void r16_row(const block_q3_K_r16& p, int r, block_q3_K& b) {
         b.scales[8 + k % 4] |= (uint8_t)((u >> 4) << (2 * (k / 4)));
     }
 }
+// Row r's file block into a repacked q3_K super-block (r16_row's inverse; the scales decoded).
+inline void r16_put(const block_q3_K& b, int r, block_q3_K_r16& p) {
+    p.d[r] = b.d;
+    int8_t sc[16];
+    decode_scales_q3_K(b.scales, sc);
+    for (int j = 0; j < 16; j++) p.sc[j / 2][r][j % 2] = sc[j];
+    for (int t = 0; t < 8; t++) {
+        for (int n = 0; n < 2; n++) std::memcpy(p.ql[n][t][r], b.qs + 32 * n + 4 * t, 4);
+        std::memcpy(p.qh[t][r], b.hmask + 4 * t, 4);
+    }
+}
 
 // Row r of a repacked iq4_xs super-block as the file holds it (block_iq4_xs, byte for byte).
 inline void r16_row(const block_iq4_xs_r16& p, int r, block_iq4_xs& b) {
@@ -424,6 +435,16 @@ inline void r16_row(const block_iq4_xs_r16& p, int r, block_iq4_xs& b) {
         for (int t = 0; t < 4; t++) std::memcpy(b.qs + 16 * j + 4 * t, p.qs[j][t][r], 4);
     }
 }
+// Row r's file block into a repacked iq4_xs super-block (r16_row's inverse; the scales decoded).
+inline void r16_put(const block_iq4_xs& b, int r, block_iq4_xs_r16& p) {
+    p.d[r] = b.d;
+    int8_t ls[8];
+    decode_scales_iq4_xs(b, ls);
+    for (int j = 0; j < 8; j++) {
+        p.sc[j][r] = ls[j];
+        for (int t = 0; t < 4; t++) std::memcpy(p.qs[j][t][r], b.qs + 16 * j + 4 * t, 4);
+    }
+}
 
 // Row r of a repacked q6_K super-block as the file holds it (block_q6_K, byte for byte).
 inline void r16_row(const block_q6_K_r16& p, int r, block_q6_K& b) {
@@ -432,6 +453,15 @@ inline void r16_row(const block_q6_K_r16& p, int r, block_q6_K& b) {
     for (int t = 0; t < 8; t++) {
         for (int c = 0; c < 4; c++) std::memcpy(b.ql + 32 * c + 4 * t, p.ql[c][t][r], 4);
         for (int n = 0; n < 2; n++) std::memcpy(b.qh + 32 * n + 4 * t, p.qh[n][t][r], 4);
+    }
+}
+// Row r's file block into a repacked q6_K super-block (r16_row's inverse).
+inline void r16_put(const block_q6_K& b, int r, block_q6_K_r16& p) {
+    p.d[r] = b.d;
+    for (int j = 0; j < 16; j++) p.sc[j / 2][r][j % 2] = b.scales[j];
+    for (int t = 0; t < 8; t++) {
+        for (int c = 0; c < 4; c++) std::memcpy(p.ql[c][t][r], b.ql + 32 * c + 4 * t, 4);
+        for (int n = 0; n < 2; n++) std::memcpy(p.qh[n][t][r], b.qh + 32 * n + 4 * t, 4);
     }
 }
 

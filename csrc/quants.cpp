@@ -447,106 +447,54 @@ void repack_q4_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64
     }
 }
 
+namespace {
+// The low-bit repacked layouts (q3_K, q6_K, iq4_xs): each row's file block put into its lane of the
+// group's block (r16_put) on the way in, gathered back (r16_row) and dequantized as the file type on the
+// way out.
+template <typename Packed, typename Block>
+void repack_r16_rows(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    const int64_t nsb = k / QK_K;
+    for (int64_t g = g0; g < g1; g++)
+        for (int r = 0; r < R16; r++) {
+            const Block* row = (const Block*)(src + (size_t)(g * R16 + r) * src_row_bytes);
+            for (int64_t s = 0; s < nsb; s++) r16_put(row[s], r, ((Packed*)dst)[g * nsb + s]);
+        }
+}
+
+template <typename Packed, typename Block>
+void dequantize_r16_rows(Type file_type, const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
+    const int64_t nsb = k / QK_K;
+    for (int64_t g = 0; g < n_groups; g++)
+        for (int64_t s = 0; s < nsb; s++)
+            for (int r = 0; r < R16; r++) {
+                Block b;
+                r16_row(((const Packed*)src)[g * nsb + s], r, b);
+                float* y = dst + (g * R16 + r) * k + s * QK_K;
+                if (file_type == Type::Q6_K)
+                    dequantize_row_q6_K((const block_q6_K*)&b, y, QK_K);
+                else
+                    dequantize_row_lowbit(file_type, (const uint8_t*)&b, y, QK_K);
+            }
+}
+}  // namespace
+
 void repack_q3_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
-    const int64_t nsb = k / QK_K;
-    for (int64_t g = g0; g < g1; g++) {
-        block_q3_K_r16* out = (block_q3_K_r16*)dst + g * nsb;
-        for (int r = 0; r < R16; r++) {
-            const block_q3_K* row = (const block_q3_K*)(src + (size_t)(g * R16 + r) * src_row_bytes);
-            for (int64_t s = 0; s < nsb; s++) {
-                const block_q3_K& b = row[s];
-                block_q3_K_r16& p = out[s];
-                p.d[r] = b.d;
-                int8_t sc[16];
-                decode_scales_q3_K(b.scales, sc);
-                for (int j = 0; j < 16; j++) p.sc[j / 2][r][j % 2] = sc[j];
-                for (int t = 0; t < 8; t++) {
-                    for (int n = 0; n < 2; n++) std::memcpy(p.ql[n][t][r], b.qs + 32 * n + 4 * t, 4);
-                    std::memcpy(p.qh[t][r], b.hmask + 4 * t, 4);
-                }
-            }
-        }
-    }
+    repack_r16_rows<block_q3_K_r16, block_q3_K>(src, src_row_bytes, g0, g1, k, dst);
 }
-
 void dequantize_q3_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
-    const int64_t nsb = k / QK_K;
-    for (int64_t g = 0; g < n_groups; g++)
-        for (int64_t s = 0; s < nsb; s++) {
-            const block_q3_K_r16& p = ((const block_q3_K_r16*)src)[g * nsb + s];
-            for (int r = 0; r < R16; r++) {
-                block_q3_K b;
-                r16_row(p, r, b);
-                dequantize_row_lowbit(Type::Q3_K, (const uint8_t*)&b, dst + (g * R16 + r) * k + s * QK_K, QK_K);
-            }
-        }
+    dequantize_r16_rows<block_q3_K_r16, block_q3_K>(Type::Q3_K, src, dst, n_groups, k);
 }
-
 void repack_q6_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
-    const int64_t nsb = k / QK_K;
-    for (int64_t g = g0; g < g1; g++) {
-        block_q6_K_r16* out = (block_q6_K_r16*)dst + g * nsb;
-        for (int r = 0; r < R16; r++) {
-            const block_q6_K* row = (const block_q6_K*)(src + (size_t)(g * R16 + r) * src_row_bytes);
-            for (int64_t s = 0; s < nsb; s++) {
-                const block_q6_K& b = row[s];
-                block_q6_K_r16& p = out[s];
-                p.d[r] = b.d;
-                for (int j = 0; j < 16; j++) p.sc[j / 2][r][j % 2] = b.scales[j];
-                for (int t = 0; t < 8; t++) {
-                    for (int c = 0; c < 4; c++) std::memcpy(p.ql[c][t][r], b.ql + 32 * c + 4 * t, 4);
-                    for (int n = 0; n < 2; n++) std::memcpy(p.qh[n][t][r], b.qh + 32 * n + 4 * t, 4);
-                }
-            }
-        }
-    }
+    repack_r16_rows<block_q6_K_r16, block_q6_K>(src, src_row_bytes, g0, g1, k, dst);
 }
-
 void dequantize_q6_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
-    const int64_t nsb = k / QK_K;
-    for (int64_t g = 0; g < n_groups; g++)
-        for (int64_t s = 0; s < nsb; s++) {
-            const block_q6_K_r16& p = ((const block_q6_K_r16*)src)[g * nsb + s];
-            for (int r = 0; r < R16; r++) {
-                block_q6_K b;
-                r16_row(p, r, b);
-                dequantize_row_q6_K(&b, dst + (g * R16 + r) * k + s * QK_K, QK_K);
-            }
-        }
+    dequantize_r16_rows<block_q6_K_r16, block_q6_K>(Type::Q6_K, src, dst, n_groups, k);
 }
-
 void repack_iq4_xs_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
-    const int64_t nsb = k / QK_K;
-    for (int64_t g = g0; g < g1; g++) {
-        block_iq4_xs_r16* out = (block_iq4_xs_r16*)dst + g * nsb;
-        for (int r = 0; r < R16; r++) {
-            const block_iq4_xs* row = (const block_iq4_xs*)(src + (size_t)(g * R16 + r) * src_row_bytes);
-            for (int64_t s = 0; s < nsb; s++) {
-                const block_iq4_xs& b = row[s];
-                block_iq4_xs_r16& p = out[s];
-                p.d[r] = b.d;
-                int8_t ls[8];
-                decode_scales_iq4_xs(b, ls);
-                for (int j = 0; j < 8; j++) {
-                    p.sc[j][r] = ls[j];
-                    for (int t = 0; t < 4; t++) std::memcpy(p.qs[j][t][r], b.qs + 16 * j + 4 * t, 4);
-                }
-            }
-        }
-    }
+    repack_r16_rows<block_iq4_xs_r16, block_iq4_xs>(src, src_row_bytes, g0, g1, k, dst);
 }
-
 void dequantize_iq4_xs_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
-    const int64_t nsb = k / QK_K;
-    for (int64_t g = 0; g < n_groups; g++)
-        for (int64_t s = 0; s < nsb; s++) {
-            const block_iq4_xs_r16& p = ((const block_iq4_xs_r16*)src)[g * nsb + s];
-            for (int r = 0; r < R16; r++) {
-                block_iq4_xs b;
-                r16_row(p, r, b);
-                dequantize_row_lowbit(Type::IQ4_XS, (const uint8_t*)&b, dst + (g * R16 + r) * k + s * QK_K, QK_K);
-            }
-        }
+    dequantize_r16_rows<block_iq4_xs_r16, block_iq4_xs>(Type::IQ4_XS, src, dst, n_groups, k);
 }
 
 void dequantize_q4_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {

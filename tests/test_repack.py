@@ -36,6 +36,12 @@ def test_repack_is_lossless(rows, k, fmt, rng):
     (r,) = kernels.repack_r16([q], fmt)
     assert r.dtype == np.uint8 and r.shape == (rows, k // 256 * SHARE[fmt])
     assert np.array_equal(kernels.dequantize(r, fmt + "_r16"), kernels.dequantize(q, fmt))
+    # and the weights gguf's own dequantizer (llama.cpp's Python package) reads from the file's bytes
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gq
+
+    want = gq.dequantize(q, GGMLQuantizationType[fmt.upper()]).reshape(rows, k)
+    assert np.array_equal(kernels.dequantize(r, fmt + "_r16"), want.astype(np.float32))
     # stacked experts keep their shape; several arrays share one buffer, each its own view
     e = quant(rng, 3 * 32, k, fmt).reshape(3, 32, -1)
     r2, r3 = kernels.repack_r16([q, e], fmt)
@@ -102,74 +108,38 @@ def test_raw_blocks_and_extreme_activations(rng):
             check_close(kernels.matmul(x[:m], r, "q4_k_r16", isa=isa), ref, TOL_VS_REF, f"raw {isa} M={m}")
 
 
-def test_raw_q3_k_blocks_and_extreme_activations(rng):
-    # every 6-bit scale (raw scale bytes), every 3-bit value, and rows at the int16 chains' largest (every
-    # weight 3 or -4: low bits and high bits all set, or all clear) against +-127 throughout and spikes
+# Raw blocks per format: (block bytes, where the fp16 d lies, the code bytes, (code byte for the rows at the
+# int16 chains' largest, code byte for the other extreme)): q3_K every weight 3 or -4, q6_K 31 or -32,
+# iq4_xs nibble 0 (-127, one vpmaddubsw pair at 2 x 127 x 127) or 15.
+RAW = {"q3_k": (110, slice(108, 110), slice(0, 96), (0xFF, 0x00)),
+       "q6_k": (210, slice(208, 210), slice(0, 192), (0xFF, 0x00)),
+       "iq4_xs": (136, slice(0, 2), slice(8, 136), (0x00, 0xFF))}
+
+
+@pytest.mark.parametrize("fmt", list(RAW))
+def test_raw_low_bit_blocks_and_extreme_activations(fmt, rng):
+    # every scale and every code (raw bytes with a finite fp16 d), rows whose codes all sit at an extreme,
+    # against activations at +-127 throughout and spikes
+    bb, d, codes, (most, least) = RAW[fmt]
     rows, k = 64, 1024
-    raw = rng.integers(0, 256, (rows, k // 256, 110), dtype=np.uint8)
-    raw[:, :, 108:] = (rng.standard_normal((rows, k // 256, 1)) * 0.01).astype(np.float16).view(np.uint8)
-    raw[[0, 9, 30], :, :96] = 0xFF
-    raw[[5, 17], :, :96] = 0x00
+    raw = rng.integers(0, 256, (rows, k // 256, bb), dtype=np.uint8)
+    raw[:, :, d] = (rng.standard_normal((rows, k // 256, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    raw[[0, 9, 30], :, codes] = most
+    raw[[5, 17], :, codes] = least
     q = np.ascontiguousarray(raw.reshape(rows, -1))
-    (r,) = kernels.repack_r16([q], "q3_k")
-    assert np.array_equal(kernels.dequantize(r, "q3_k_r16"), kernels.dequantize(q, "q3_k"))
+    (r,) = kernels.repack_r16([q], fmt)
+    assert np.array_equal(kernels.dequantize(r, fmt + "_r16"), kernels.dequantize(q, fmt))
     x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
     x[0] = 1.0
     x[1] = -1.0
     x[2] = 0.0
     x[3, ::97] = 1e4
     for m in (1, 4, 9):
-        ref = kernels.matmul(x[:m], q, "q3_k", isa="ref")
-        assert np.array_equal(kernels.matmul(x[:m], r, "q3_k_r16", isa="ref"), ref)
+        ref = kernels.matmul(x[:m], q, fmt, isa="ref")
+        assert np.array_equal(kernels.matmul(x[:m], r, fmt + "_r16", isa="ref"), ref)
         for isa in ISAS:
-            check_close(kernels.matmul(x[:m], r, "q3_k_r16", isa=isa), ref, TOL_VS_REF, f"raw q3_k {isa} M={m}")
-
-
-def test_raw_q6_k_blocks_and_extreme_activations(rng):
-    # every scale byte and 6-bit value (raw bytes), rows at the int16 chains' largest (every weight 31 or
-    # -32) against +-127 throughout and spikes
-    rows, k = 64, 1024
-    raw = rng.integers(0, 256, (rows, k // 256, 210), dtype=np.uint8)
-    raw[:, :, 208:] = (rng.standard_normal((rows, k // 256, 1)) * 0.01).astype(np.float16).view(np.uint8)
-    raw[[0, 9, 30], :, :192] = 0xFF
-    raw[[5, 17], :, :192] = 0x00
-    q = np.ascontiguousarray(raw.reshape(rows, -1))
-    (r,) = kernels.repack_r16([q], "q6_k")
-    assert np.array_equal(kernels.dequantize(r, "q6_k_r16"), kernels.dequantize(q, "q6_k"))
-    x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
-    x[0] = 1.0
-    x[1] = -1.0
-    x[2] = 0.0
-    x[3, ::97] = 1e4
-    for m in (1, 4, 9):
-        ref = kernels.matmul(x[:m], q, "q6_k", isa="ref")
-        assert np.array_equal(kernels.matmul(x[:m], r, "q6_k_r16", isa="ref"), ref)
-        for isa in ISAS:
-            check_close(kernels.matmul(x[:m], r, "q6_k_r16", isa=isa), ref, TOL_VS_REF, f"raw q6_k {isa} M={m}")
-
-
-def test_raw_iq4_xs_blocks_and_extreme_activations(rng):
-    # every 6-bit scale and every nibble (raw bytes), rows of nibble 0 (-127, the largest magnitude: one
-    # vpmaddubsw pair at 2 x 127 x 127) against +-127 throughout and spikes
-    rows, k = 64, 1024
-    raw = rng.integers(0, 256, (rows, k // 256, 136), dtype=np.uint8)
-    raw[:, :, :2] = (rng.standard_normal((rows, k // 256, 1)) * 0.01).astype(np.float16).view(np.uint8)
-    raw[[0, 9, 30], :, 8:] = 0x00
-    raw[[5, 17], :, 8:] = 0xFF
-    q = np.ascontiguousarray(raw.reshape(rows, -1))
-    (r,) = kernels.repack_r16([q], "iq4_xs")
-    assert np.array_equal(kernels.dequantize(r, "iq4_xs_r16"), kernels.dequantize(q, "iq4_xs"))
-    x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
-    x[0] = 1.0
-    x[1] = -1.0
-    x[2] = 0.0
-    x[3, ::97] = 1e4
-    for m in (1, 4, 9):
-        ref = kernels.matmul(x[:m], q, "iq4_xs", isa="ref")
-        assert np.array_equal(kernels.matmul(x[:m], r, "iq4_xs_r16", isa="ref"), ref)
-        for isa in ISAS:
-            got = kernels.matmul(x[:m], r, "iq4_xs_r16", isa=isa)
-            check_close(got, ref, TOL_VS_REF, f"raw iq4_xs {isa} M={m}")
+            got = kernels.matmul(x[:m], r, fmt + "_r16", isa=isa)
+            check_close(got, ref, TOL_VS_REF, f"raw {fmt} {isa} M={m}")
 
 
 def test_native_kernel_where_it_exists():
