@@ -302,10 +302,11 @@ class Model:
         with rows in whole groups of 16) copied into their _r16 layouts, all in one call: one buffer, each
         file range released as it is copied. The embedding keeps the file's layout (rows looked up by id),
         and so does a head that is the embedding (tied)."""
-        # q6_k in the head only: its repacked tile is 1.5x the file layout's at one token but slower from
-        # about 16 tokens on (prefill), and the head multiplies one row per decoded token
+        # q6_k too: its repacked tile is 1.5x the file layout's at one token and 2-3x at 2-8 (the expert
+        # products of decoding steps and of batched sequences), ~25% slower from 64 tokens (prefill), where a
+        # whole forward lost ~1.5% (bench/NOTES.md, 2026-12-06: q6_K layer weights repacked)
         head = [self.output] if self.output is not self.embed else []
-        layers = [w for L in self.layers for w in L.values() if getattr(w, "fmt", None) != "q6_k"]
+        layers = [w for L in self.layers for w in L.values()]
         ws = [w for w in layers + head
               if isinstance(w, (Matrix, Experts)) and w.fmt in formats and w.data.shape[-2] % 16 == 0]
         for w, packed in zip(ws, kernels.repack_r16([w.data for w in ws], [w.fmt for w in ws], release=True)):

@@ -370,7 +370,8 @@ struct TileLow256 {
 // ---- low-bit types repacked by 16 rows: one row per int32 lane, 8 rows per register ----
 // What the q3_K, q6_K and iq4_xs tiles share: kernel_r16.h's driver, with one group of tokens (rows) unpacking
 // each weight word as it goes, and several groups (step) the first unpacking the super-block once into a
-// thread's scratch (Unpacked) that every group reads, as the file layout's lane tiles (KindLowV) do per row.
+// thread's scratch (Unpacked) that every group reads, as the file layout's lane tiles (KindLowV) do per row
+// (T::GROUP_SCRATCH; without it every group unpacks as one group does).
 template <class T, class Unpacked>
 struct R16LowScratch : R16SumsInMemory<T> {
     static constexpr bool PAIRS = false;  // (the tiles read block_q8_K's bsums themselves)
@@ -396,6 +397,8 @@ struct R16LowScratch : R16SumsInMemory<T> {
     template <int G, class B>
     static void step(const B& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp, float* acc,
                      bool first) {
+        if constexpr (!T::GROUP_SCRATCH)  // each group unpacks the words again, as one group does
+            return R16SumsInMemory<T>::template step<G>(p, s, xs, bsp, acc, first);
         if (first) {
             for (size_t k = 0; k < sizeof(B); k += 64) prefetch<Prefetch::L2>((const char*)&p + k);
             T::unpack_all(p);
@@ -416,6 +419,7 @@ struct R16Q3K {
     using Block = block_q3_K_r16;
     static constexpr gemm_fn ref = &gemm_q3_K_r16_ref;
     static constexpr int CHAIN = 4, OFFSET_SHIFT = 2;
+    static constexpr bool GROUP_SCRATCH = true;
     // u of vector v, word t of half h (8 rows x 4 weights)
     template <int v>
     __attribute__((always_inline)) static __m256i unpack(const Block& p, int h, int t) {
@@ -434,6 +438,10 @@ struct R16Q6K {
     using Block = block_q6_K_r16;
     static constexpr gemm_fn ref = &gemm_q6_K_r16_ref;
     static constexpr int CHAIN = 2, OFFSET_SHIFT = 5;
+    // several groups unpack each word again rather than read it from the scratch: 512 x 2048, one thread,
+    // Zen 1, ns per super-block row and token: 8 tokens 19.2 -> 15.1, 64 tokens 17.6 -> 16.2 (the unpacking
+    // is 3 simple operations a word, fewer than the scratch's stores and reloads cost here)
+    static constexpr bool GROUP_SCRATCH = false;
     template <int v>
     __attribute__((always_inline)) static __m256i unpack(const Block& p, int h, int t) {
         constexpr int n = v / 4, k = v % 4;
@@ -455,6 +463,7 @@ struct TileKR16 : R16LowScratch<TileKR16<U>, UnpackedKR16> {
     using Block = typename U::Block;
     using Base = R16LowScratch<TileKR16<U>, UnpackedKR16>;
     static constexpr gemm_fn ref = U::ref;
+    static constexpr bool GROUP_SCRATCH = U::GROUP_SCRATCH;
 
     template <int G, Prefetch PF, bool SCRATCH, int v>
     __attribute__((always_inline)) static void vec(const Block& p, int h, const block_q8_K* const* xs, int64_t s,
@@ -540,6 +549,7 @@ struct alignas(32) UnpackedIQ4XS {
 struct TileIQ4XSR16 : R16LowScratch<TileIQ4XSR16, UnpackedIQ4XS> {
     using Block = block_iq4_xs_r16;
     static constexpr gemm_fn ref = &gemm_iq4_xs_r16_ref;
+    static constexpr bool GROUP_SCRATCH = true;
 
     // the values of group j's word t of half h (hi: the high nibbles)
     __attribute__((always_inline)) static __m256i unpack(const block_iq4_xs_r16& p, int h, int j, int t, bool hi) {

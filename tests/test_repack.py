@@ -320,8 +320,7 @@ def test_model_forward_with_and_without_repack(q4_model):
     def packed(f, whole_rows):
         return f + "_r16" if f in kernels.R16_FORMATS and kernels.has_native_r16(f) and whole_rows else f
 
-    # (q6_k only in the head: its repacked tile loses to the file layout's in prefill, model.py)
-    assert fmts == {n: packed(f, n in whole and f != "q6_k") for n, f in before.items()}, fmts
+    assert fmts == {n: packed(f, n in whole) for n, f in before.items()}, fmts
     # the head too (this model's is its own, not the embedding), the embedding never (rows looked up by id)
     assert on.output.fmt == packed(off.output.fmt, True) and on.embed.fmt == off.embed.fmt
     # The native kernels sum in another order than the file layout's, and in this random model one
