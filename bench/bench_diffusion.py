@@ -20,6 +20,7 @@ read bandwidth, with what that allows diffusion against AR. Prints a table and w
     python bench/bench_diffusion.py record --mode auto --costs-model bench.gguf --out auto.json
     python bench/bench_diffusion.py compare exact.json auto.json window1.json   (replays of one threshold)
     python bench/bench_diffusion.py experts    (distinct experts over consecutive positions)
+    python bench/bench_diffusion.py synth --per-step 3 --out s3.json   (a model that finalizes 3 per step)
 """
 
 from __future__ import annotations
@@ -404,6 +405,82 @@ def experts(args) -> int:
     return 0
 
 
+def synthetic_trace(B: int, prompt: int, new: int, per_step: int, chooser=None) -> dict:
+    """The forwards clover_cpu.decode makes for one prompt when the model finalizes `per_step` tokens per
+    denoising step (the last step of a block what is left), as record logs them. Exact decoding (chooser
+    None): every step computes the whole block and the finished block is committed by a forward fused
+    with the next block's first step. Auto (chooser: a decode.AutoWindow): reuse, and each forward's
+    window is the chooser's; the model is taken to be surest left to right, so a window of w commits
+    min(w, per_step) tokens, the first ones, and the chooser observes exactly that."""
+    prefill = prompt // B * B
+    forwards = [{"T": prefill, "commit": prefill, "n": 0, "rows": 0}] if prefill else []
+    n, head, tail, remaining = prefill, prompt - prefill, 0, new
+    first = True
+    while remaining > 0:
+        budget = min(B - head, remaining)
+        undecided = list(range(head, head + budget))
+        in_cache = 0
+        while undecided:
+            if chooser is None:
+                if first:
+                    forwards.append({"T": B, "commit": 0, "n": n, "rows": len(undecided)})
+                else:  # the previous block's commit, fused with this block's first step
+                    forwards.append({"T": 2 * B, "commit": B, "n": n - B, "rows": len(undecided)})
+                    first = True
+                k = min(per_step, len(undecided))
+            else:
+                new_final = tail + undecided[0] - in_cache
+                w = chooser.window(new_final, undecided)
+                positions = new_final + undecided[w - 1] - undecided[0] + 1
+                forwards.append({"T": positions, "commit": new_final, "n": n, "rows": w})
+                n += new_final
+                in_cache, tail = undecided[0], 0
+                k = min(per_step, w)
+                reached = np.arange(w) < k
+                reached[0] = True  # at least one commits
+                chooser.observe(reached, chooser.cost(positions, w), positions)
+            undecided = undecided[k:]
+        remaining -= budget
+        if chooser is None:
+            n += B
+            first = False
+        else:  # the block's last final tokens go in with the next block's first forward
+            tail = B - in_cache
+        head = 0
+    return {"prompt_tokens": prompt, "generated": new, "forwards": forwards}
+
+
+def synth(args) -> int:
+    """Synthetic traces: a model that finalizes --per-step tokens per denoising step, blocks of --block,
+    decoded exact or auto (auto choosing by --costs-model's forward costs on this machine)."""
+    chooser = None
+    if args.mode == "auto":
+        import clover_cpu
+        from clover_cpu.decode import AutoWindow
+
+        m = clover_cpu.load(args.costs_model, threads=args.threads or None)
+        cost = m.forward_costs(args.block)
+        m.close()
+        print(f"mode auto with {args.costs_model}'s forward costs: " + ", ".join(
+            f"T={T} {1e3 * s:.1f} ms" for T, s in sorted(cost.body.items())))
+    traces = []
+    for _ in range(args.prompts):
+        if args.mode == "auto":
+            chooser = AutoWindow(cost, args.block)  # each request learns afresh, as in decoding
+        traces.append(synthetic_trace(args.block, args.prompt_tokens, args.new, args.per_step, chooser))
+    gen = sum(t["generated"] for t in traces)
+    fwd = sum(len(t["forwards"]) - (1 if t["prompt_tokens"] >= args.block else 0) for t in traces)
+    doc = {"model": f"synthetic: {args.per_step} tokens per step", "block_length": args.block, "threshold": None,
+           "new_tokens": args.new, "generated": gen, "decode_forwards": fwd, "window": 0,
+           "reuse": args.mode == "auto", "mode": args.mode, "synthetic_per_step": args.per_step, "traces": traces}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc))
+    print(f"{len(traces)} synthetic prompts ({args.prompt_tokens} tokens), {gen} tokens in {fwd} decoding forwards: "
+          f"{gen / max(1, fwd):.2f} tokens per forward (block {args.block}, {args.per_step} per step, mode "
+          f"{args.mode}); traces in {args.out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -433,10 +510,25 @@ def main() -> int:
     e.add_argument("--positions", type=int, nargs="+", default=[1, 2, 4, 8])
     e.add_argument("--threads", type=int, default=0)
     e.add_argument("--json", type=Path, default=Path("bench/results/diffusion_experts.json"))
+    y = sub.add_parser("synth", help="synthetic traces: a model that finalizes N tokens per denoising step")
+    y.add_argument("--per-step", type=int, required=True, help="tokens the model finalizes per step")
+    y.add_argument("--block", type=int, default=32, help="block length (default 32, Clover's)")
+    y.add_argument("--prompts", type=int, default=4)
+    y.add_argument("--prompt-tokens", type=int, default=64)
+    y.add_argument("--new", type=int, default=128, help="tokens per prompt (default 128)")
+    y.add_argument("--mode", choices=["exact", "auto"], default="exact")
+    y.add_argument("--costs-model", help="mode auto: the model whose forward costs choose the windows (the one "
+                   "the traces will be replayed on)")
+    y.add_argument("--threads", type=int, default=0)
+    y.add_argument("--out", type=Path, default=Path("bench/results/synthetic_traces.json"))
     c = sub.add_parser("compare", help="replays of one threshold priced at the same per-forward times")
     c.add_argument("replays", type=Path, nargs="+", help="replay JSON files (replay --json)")
     args = ap.parse_args()
-    return {"record": record, "replay": replay, "experts": experts, "compare": compare}[args.cmd](args)
+    if args.cmd == "synth" and (args.per_step < 1 or args.block < 1 or args.new < 1 or args.prompt_tokens < 1):
+        ap.error("--per-step, --block, --new and --prompt-tokens must be >= 1")
+    if args.cmd == "synth" and args.mode == "auto" and not args.costs_model:
+        ap.error("synth --mode auto needs --costs-model (the model the traces will be replayed on)")
+    return {"record": record, "replay": replay, "experts": experts, "compare": compare, "synth": synth}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,3 +135,54 @@ def test_compare_prices_every_replay_at_the_same_times(tmp_path):
     # pooled 2-position median 0.2 s (10 at 0.2, 4 at 0.4); AR 0.2 s per token (median of 0.1 and 0.3)
     assert rows["a"][-1] == "1.00x"  # 10 tokens in 10 x 0.2 s, against AR's 10 x 0.2 s
     assert rows["b"][-1] == f"{10 / (4 * 0.2 + 2 * 1.0) * 0.2:.2f}x"
+
+
+def bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_diffusion", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_synthetic_exact_trace_is_what_the_decoder_does():
+    """synth's exact trace for a model that finalizes k tokens per step equals the forwards clover_cpu's
+    own decoder logs when it is made to commit k per step (policy fixed, block / k steps per block)."""
+    import clover_cpu
+
+    bd = bench_module()
+    m = clover_cpu.load(str(Path(clover_cpu.__file__).parent / "models" / "clover-small.gguf"), threads=1)
+    B, k, prompt = 8, 2, 16  # a prompt of whole blocks: the first block has all B positions to decode
+    ids = (np.arange(prompt) * 7 % 500 + 3).tolist()
+    rec = bd.Recorder(m)
+    m.generate_text(ids, max_new_tokens=3 * B, block_length=B, policy="fixed", max_steps=B // k,
+                    stop_at_eos=False)
+    logged = [(c["T"], c["commit"], c["rows"]) for c in rec.calls]
+    rec.close()
+    synth = bd.synthetic_trace(B, prompt, 3 * B, k)
+    assert logged == [(f["T"], f["commit"], f["rows"]) for f in synth["forwards"]]
+    assert len(synth["forwards"]) == 1 + 3 * B // k  # the prefill, then k tokens per forward
+
+
+def test_synthetic_auto_trace_follows_the_cost_curve():
+    from clover_cpu.costs import CostCurve
+    from clover_cpu.decode import AutoWindow
+
+    bd = bench_module()
+    B, new = 32, 96
+    # extra positions cost a fortune: one candidate per forward (its final token goes in with the next)
+    steep = CostCurve({1: 1.0, 2: 50.0, 64: 5000.0}, {1: 0.0, 32: 0.0})
+    t = bd.synthetic_trace(B, 64, new, 9, AutoWindow(steep, B))
+    fw = t["forwards"][1:]
+    assert t["forwards"][0] == {"T": 64, "commit": 64, "n": 0, "rows": 0}
+    assert all(f["rows"] == 1 for f in fw) and len(fw) == new
+    assert all(f["T"] == f["commit"] + 1 for f in fw) and sum(f["commit"] for f in fw) == new - 1
+    # positions nearly free: the window widens and the forwards commit about 9 tokens each
+    flat = CostCurve({1: 1.0, 64: 1.1}, {1: 0.0, 32: 0.0})
+    t = bd.synthetic_trace(B, 64, new, 9, AutoWindow(flat, B))
+    fw = t["forwards"][1:]
+    assert all(1 <= f["rows"] <= B and f["T"] < 2 * B for f in fw)
+    assert max(f["rows"] for f in fw) == B and new / len(fw) > 7  # 96 tokens in 12 forwards
+    # every forward starts where the caches end: its commit is the final tokens not yet in them
+    assert [f["n"] for f in fw] == list(np.cumsum([64] + [f["commit"] for f in fw[:-1]]))
