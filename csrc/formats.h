@@ -37,9 +37,10 @@ enum class Type : int32_t {
     // Not a GGUF type: q4_K rows repacked at load in groups of 16 (block_q4_K_r16), for kernels that keep
     // one weight row per vector lane. Never read from or written to a file (type_table leaves it out).
     Q4_K_R16 = 1012,
-    // Not GGUF types either: q3_K, q6_K and iq4_xs rows repacked at load in groups of 16 (block_q3_K_r16,
-    // block_q6_K_r16, block_iq4_xs_r16).
+    // Not GGUF types either: q3_K, q5_K, q6_K and iq4_xs rows repacked at load in groups of 16
+    // (block_q3_K_r16, block_q5_K_r16, block_q6_K_r16, block_iq4_xs_r16).
     Q3_K_R16 = 1011,
+    Q5_K_R16 = 1013,
     Q6_K_R16 = 1014,
     IQ4_XS_R16 = 1023,
 };
@@ -166,6 +167,20 @@ struct block_q5_K {
     uint8_t qs[QK_K / 2];
 };
 static_assert(sizeof(block_q5_K) == 176, "block_q5_K is 176 bytes");
+
+// 16 rows of one q5_K super-block, repacked (repack_q5_K_r16): block_q4_K_r16's fields (scales and mins
+// decoded, qs[c][t][row] the row's bytes 32 c + 4 t .. + 3) and the fifth bits, qh[t][row] the row's qh
+// bytes 4 t .. 4 t + 3 (bit 2c: chunk c's low nibble, 2c + 1 its high one). A row's share is 180 bytes (176
+// in the file).
+struct block_q5_K_r16 {
+    uint16_t d[16];         // fp16, per row
+    uint16_t dmin[16];      // fp16, per row
+    uint8_t sc[8][16];      // [sub-block][row]
+    uint8_t mn[4][16][2];   // [chunk][row][sub-block 2c, 2c+1]
+    uint8_t qs[4][8][16][4];
+    uint8_t qh[8][16][4];   // [word t][row][byte i]
+};
+static_assert(sizeof(block_q5_K_r16) == 16 * 180, "block_q5_K_r16 is 2880 bytes");
 
 // x = d * sc_j * (q - 32) over 16 sub-blocks of 16; q is 6 bits: 4 in ql, 2 in qh.
 struct block_q6_K {
@@ -420,6 +435,47 @@ inline void r16_put(const block_q3_K& b, int r, block_q3_K_r16& p) {
     for (int t = 0; t < 8; t++) {
         for (int n = 0; n < 2; n++) std::memcpy(p.ql[n][t][r], b.qs + 32 * n + 4 * t, 4);
         std::memcpy(p.qh[t][r], b.hmask + 4 * t, 4);
+    }
+}
+
+// A q4_K / q5_K super-block's 12-byte header from its 8 scales and 8 mins (6 bits each): scale_min_k4's
+// inverse, every bit of the 12 bytes used, so a header decoded and encoded again is the same bytes.
+inline void encode_scales_q4_K(const uint8_t sc[8], const uint8_t m[8], uint8_t scales12[12]) {
+    for (int j = 0; j < 4; j++) {
+        scales12[j] = (uint8_t)((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+        scales12[j + 4] = (uint8_t)((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+        scales12[j + 8] = (uint8_t)((sc[j + 4] & 0xf) | ((m[j + 4] & 0xf) << 4));
+    }
+}
+
+// Row r of a repacked q5_K super-block as the file holds it (block_q5_K, byte for byte).
+inline void r16_row(const block_q5_K_r16& p, int r, block_q5_K& b) {
+    b.d = p.d[r];
+    b.dmin = p.dmin[r];
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; j++) {
+        sc[j] = p.sc[j][r];
+        m[j] = p.mn[j / 2][r][j & 1];
+    }
+    encode_scales_q4_K(sc, m, b.scales);
+    for (int t = 0; t < 8; t++) {
+        for (int c = 0; c < 4; c++) std::memcpy(b.qs + 32 * c + 4 * t, p.qs[c][t][r], 4);
+        std::memcpy(b.qh + 4 * t, p.qh[t][r], 4);
+    }
+}
+// Row r's file block into a repacked q5_K super-block (r16_row's inverse; the scales and mins decoded).
+inline void r16_put(const block_q5_K& b, int r, block_q5_K_r16& p) {
+    p.d[r] = b.d;
+    p.dmin[r] = b.dmin;
+    uint8_t sc[8], m[8];
+    decode_scales_q4_K(b.scales, sc, m);
+    for (int j = 0; j < 8; j++) {
+        p.sc[j][r] = sc[j];
+        p.mn[j / 2][r][j & 1] = m[j];
+    }
+    for (int t = 0; t < 8; t++) {
+        for (int c = 0; c < 4; c++) std::memcpy(p.qs[c][t][r], b.qs + 32 * c + 4 * t, 4);
+        std::memcpy(p.qh[t][r], b.qh + 4 * t, 4);
     }
 }
 

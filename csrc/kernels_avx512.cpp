@@ -849,6 +849,7 @@ Kernels make_table() {
     k.gemm_q5_K = gemm_q45k<true>;
     k.gemm_q6_K = gemm_q6k;
     k.gemm_q4_K_r16 = gemm_r16<TileR16>;
+    k.gemm_q5_K_r16 = nullptr;  // (gemm_q45k streams the file's layout; AVX2's repacked tile not measured here)
     k.gemm_q6_K_r16 = nullptr;  // (gemm_q6k streams the file's layout; AVX2's repacked tile not measured here)
     // Q4_0 (more unpacking per byte) gains from two rows already at 4 tokens (1.7x the AVX2 tile
     // against 1.3x with one row, same run); Q8_0 at 4 tokens streams 25 GB/s with one row, 15 with two.

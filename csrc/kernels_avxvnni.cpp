@@ -45,6 +45,7 @@ Kernels make_table() {
     k.gemm_q5_K = gemm_vnni<1, KindQ45KV<DotVnni, true>>;
     k.gemm_q6_K = gemm_vnni<2, KindQ6KV<DotVnni>>;
     k.gemm_q4_K_r16 = gemm_r16<TileR16<DotVnni>>;
+    k.gemm_q5_K_r16 = nullptr;  // (its own vpdpbusd q5_K products; AVX2's repacked tile not measured here)
     k.gemm_q6_K_r16 = nullptr;  // (the vpdpbusd lane tiles from 2 tokens; AVX2's repacked tile not measured here)
     return k;
 }

@@ -412,6 +412,7 @@ const TypeInfo TYPES[] = {
     {Type::Q3_K_R16, "q3_k_r16", QK_K, (int)sizeof(block_q3_K_r16) / R16},
     {Type::IQ4_XS_R16, "iq4_xs_r16", QK_K, (int)sizeof(block_iq4_xs_r16) / R16},
     {Type::Q6_K_R16, "q6_k_r16", QK_K, (int)sizeof(block_q6_K_r16) / R16},
+    {Type::Q5_K_R16, "q5_k_r16", QK_K, (int)sizeof(block_q5_K_r16) / R16},
 };
 
 }  // namespace
@@ -472,6 +473,8 @@ void dequantize_r16_rows(Type file_type, const uint8_t* src, float* dst, int64_t
                 float* y = dst + (g * R16 + r) * k + s * QK_K;
                 if (file_type == Type::Q6_K)
                     dequantize_row_q6_K((const block_q6_K*)&b, y, QK_K);
+                else if (file_type == Type::Q5_K)
+                    dequantize_row_q5_K((const block_q5_K*)&b, y, QK_K);
                 else
                     dequantize_row_lowbit(file_type, (const uint8_t*)&b, y, QK_K);
             }
@@ -483,6 +486,12 @@ void repack_q3_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64
 }
 void dequantize_q3_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
     dequantize_r16_rows<block_q3_K_r16, block_q3_K>(Type::Q3_K, src, dst, n_groups, k);
+}
+void repack_q5_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    repack_r16_rows<block_q5_K_r16, block_q5_K>(src, src_row_bytes, g0, g1, k, dst);
+}
+void dequantize_q5_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
+    dequantize_r16_rows<block_q5_K_r16, block_q5_K>(Type::Q5_K, src, dst, n_groups, k);
 }
 void repack_q6_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
     repack_r16_rows<block_q6_K_r16, block_q6_K>(src, src_row_bytes, g0, g1, k, dst);
@@ -550,6 +559,7 @@ ActFormat act_format(Type t) {
         case Type::Q3_K_R16:
         case Type::IQ4_XS_R16:
         case Type::Q6_K_R16:
+        case Type::Q5_K_R16:
         case Type::Q2_K:
         case Type::Q3_K:
         case Type::IQ4_XS:
@@ -627,6 +637,7 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
             case Type::Q3_K_R16:
             case Type::IQ4_XS_R16:
             case Type::Q6_K_R16:
+            case Type::Q5_K_R16:
                 break;
             default:  // the low-bit formats with a quantizer (has_quantizer); callers refuse the others
                 quantize_row_lowbit(t, x, y, k);
@@ -650,6 +661,10 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
     }
     if (t == Type::Q6_K_R16) {
         dequantize_q6_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
+        return;
+    }
+    if (t == Type::Q5_K_R16) {
+        dequantize_q5_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
         return;
     }
     const TypeInfo* ti = type_info((int32_t)t);
@@ -686,6 +701,7 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
             case Type::Q3_K_R16:
             case Type::IQ4_XS_R16:
             case Type::Q6_K_R16:
+            case Type::Q5_K_R16:
                 break;
             default:
                 dequantize_row_lowbit(t, x, y, k);
