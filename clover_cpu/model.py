@@ -243,9 +243,9 @@ class Model:
             # group: the kernels keep a row per vector lane), the file's pages released as each is done. auto:
             # each format where the kernels have a product of their own for its repacked layout (q4_k: AVX2,
             # AVX-512, NEON with sdot; q3_k, iq4_xs: AVX2 and the tables built on it; q5_k, q6_k: AVX2) and the
-            # file takes at most REPACK_SHARE of the memory available (a larger model pages from its file instead: the copy
-            # could not be evicted). The same weights; results differ from the file layout's in float
-            # rounding only.
+            # file takes at most REPACK_SHARE of the memory available (a larger model pages from its file
+            # instead: the copy could not be evicted). The same weights; results differ from the file
+            # layout's in float rounding only.
             native = [f for f in kernels.R16_FORMATS if kernels.has_native_r16(f)]
             if repack == "on" and not native:
                 from . import system_info
@@ -302,9 +302,10 @@ class Model:
         with rows in whole groups of 16) copied into their _r16 layouts, all in one call: one buffer, each
         file range released as it is copied. The embedding keeps the file's layout (rows looked up by id),
         and so does a head that is the embedding (tied)."""
-        # q6_k too: its repacked tile is 1.5x the file layout's at one token and 2-3x at 2-8 (the expert
-        # products of decoding steps and of batched sequences), ~25% slower from 64 tokens (prefill), where a
-        # whole forward lost ~1.5% (bench/NOTES.md, 2026-12-06: q6_K layer weights repacked)
+        # q6_k too: its repacked tile is 1.5x as fast as the file layout's at one token and 1.4-3x at 2-8
+        # (the expert products of decoding steps and of batched sequences), ~20% slower from 64 tokens
+        # (prefill), where a whole forward lost ~1.5% (bench/NOTES.md, 2026-12-06: q6_K layer weights and
+        # q5_K repacked too)
         head = [self.output] if self.output is not self.embed else []
         layers = [w for L in self.layers for w in L.values()]
         ws = [w for w in layers + head
@@ -698,7 +699,7 @@ def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_typ
     read), "on" (checked every forward, about 1 us per page checked), "off" (left to page faults). repack:
     q4_k, q3_k, q5_k, q6_k and iq4_xs layer weights copied at load into a layout of 16 rows per group,
     which the AVX2 kernels (q4_k also AVX-512 and NEON dot-product; q3_k and iq4_xs also AVX-512) multiply
-    faster (the file's pages are released as each is copied, so memory grows by 0-4%): "auto" (default: where the CPU has those kernels and the file
-    takes at most half the memory available), "on" (whatever the file's size; an error without those
+    faster (the file's pages are released as each is copied, so memory grows by 0-4%): "auto" (default:
+    where the CPU has those kernels and the file takes at most half the memory available), "on" (whatever the file's size; an error without those
     kernels), "off"."""
     return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch, repack=repack)
