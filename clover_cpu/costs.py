@@ -114,14 +114,16 @@ def _cpu_model() -> str:
 
 
 def key(model, block: int) -> str:
-    """The model file (path, size, modification time), the block, and the machine: CPU, kernel ISA and
+    """The model file (path, size, modification time), the block, the weights' layouts in memory (the file's
+    or repacked: `load(repack=...)` changes what a forward costs), and the machine: CPU, kernel ISA and
     threads, and this package's version."""
     from . import __version__, system_info
 
     st = os.stat(model.file.path)
     info = system_info()
+    layouts = sorted({w.fmt for L in model.layers for w in L.values() if hasattr(w, "fmt")} | {model.output.fmt})
     return "|".join(str(x) for x in (os.path.realpath(model.file.path), st.st_size, st.st_mtime_ns, block,
-                                      _cpu_model(), info["isa"], info["threads"], __version__))
+                                      "+".join(layouts), _cpu_model(), info["isa"], info["threads"], __version__))
 
 
 def forward_costs(model, block: int) -> CostCurve:

@@ -425,6 +425,15 @@ def test_auto_measures_its_costs_once_per_file_and_machine(clover, tmp_path, mon
     saved = json.loads((tmp_path / "cache" / costs.FILE_NAME).read_text())
     (key, entry), = saved.items()
     assert str(clover.file.path.resolve()) in key and set(entry) == {"body", "head"}
+    assert key == costs.key(clover, 4)
+    # the weights' layouts are part of the key: the same file repacked (or not) costs differently
+    w = next(w for w in clover.layers[0].values() if hasattr(w, "fmt"))
+    fmt = w.fmt
+    try:
+        w.fmt = "q4_k_r16" if fmt != "q4_k_r16" else "q4_k"
+        assert costs.key(clover, 4) != key
+    finally:
+        w.fmt = fmt
     assert [int(T) for T in entry["body"]] == [1, 2, 3, 4, 6, 8]  # up to twice the block (4)
     body, head = list(entry["body"].values()), list(entry["head"].values())
     assert body == sorted(body) and head == sorted(head) and len(head) == 2  # never cheaper with more
