@@ -415,18 +415,18 @@ def synthetic_trace(B: int, prompt: int, new: int, per_step: int, chooser=None) 
     prefill = prompt // B * B
     forwards = [{"T": prefill, "commit": prefill, "n": 0, "rows": 0}] if prefill else []
     n, head, tail, remaining = prefill, prompt - prefill, 0, new
-    first = True
+    commit_pending = False  # exact: the previous block waits for its commit (fused with this block's first step)
     while remaining > 0:
         budget = min(B - head, remaining)
         undecided = list(range(head, head + budget))
         in_cache = 0
         while undecided:
             if chooser is None:
-                if first:
-                    forwards.append({"T": B, "commit": 0, "n": n, "rows": len(undecided)})
-                else:  # the previous block's commit, fused with this block's first step
+                if commit_pending:
                     forwards.append({"T": 2 * B, "commit": B, "n": n - B, "rows": len(undecided)})
-                    first = True
+                    commit_pending = False
+                else:
+                    forwards.append({"T": B, "commit": 0, "n": n, "rows": len(undecided)})
                 k = min(per_step, len(undecided))
             else:
                 new_final = tail + undecided[0] - in_cache
@@ -443,7 +443,7 @@ def synthetic_trace(B: int, prompt: int, new: int, per_step: int, chooser=None) 
         remaining -= budget
         if chooser is None:
             n += B
-            first = False
+            commit_pending = True
         else:  # the block's last final tokens go in with the next block's first forward
             tail = B - in_cache
         head = 0

@@ -401,8 +401,10 @@ inline void decode_scales_q4_K(const uint8_t* scales12, uint8_t sc[8], uint8_t m
     for (int j = 0; j < 8; j++) scale_min_k4(j, scales12, &sc[j], &m[j]);
 }
 
-// Row r of a repacked super-block as the file holds it: qs in block_q4_K's order, scales and mins decoded.
-inline void r16_row(const block_q4_K_r16& p, int r, uint8_t qs[QK_K / 2], uint8_t sc[8], uint8_t m[8]) {
+// Row r of a repacked q4_K or q5_K super-block (the fields block_q5_K_r16 shares with block_q4_K_r16): qs in
+// block_q4_K's order, scales and mins decoded.
+template <class P>
+inline void r16_row(const P& p, int r, uint8_t qs[QK_K / 2], uint8_t sc[8], uint8_t m[8]) {
     for (int c = 0; c < 4; c++)
         for (int t = 0; t < 8; t++) std::memcpy(qs + 32 * c + 4 * t, p.qs[c][t][r], 4);
     for (int j = 0; j < 8; j++) {
@@ -448,23 +450,10 @@ inline void encode_scales_q4_K(const uint8_t sc[8], const uint8_t m[8], uint8_t 
     }
 }
 
-// Row r of a repacked q5_K super-block as the file holds it (block_q5_K, byte for byte).
-inline void r16_row(const block_q5_K_r16& p, int r, block_q5_K& b) {
-    b.d = p.d[r];
-    b.dmin = p.dmin[r];
-    uint8_t sc[8], m[8];
-    for (int j = 0; j < 8; j++) {
-        sc[j] = p.sc[j][r];
-        m[j] = p.mn[j / 2][r][j & 1];
-    }
-    encode_scales_q4_K(sc, m, b.scales);
-    for (int t = 0; t < 8; t++) {
-        for (int c = 0; c < 4; c++) std::memcpy(b.qs + 32 * c + 4 * t, p.qs[c][t][r], 4);
-        std::memcpy(b.qh + 4 * t, p.qh[t][r], 4);
-    }
-}
-// Row r's file block into a repacked q5_K super-block (r16_row's inverse; the scales and mins decoded).
-inline void r16_put(const block_q5_K& b, int r, block_q5_K_r16& p) {
+// Row r's q4_K / q5_K file block into the fields block_q4_K_r16 and block_q5_K_r16 share: d, dmin, the
+// scales and mins decoded, qs.
+template <class P, class B>
+inline void r16_put_q4_K_fields(const B& b, int r, P& p) {
     p.d[r] = b.d;
     p.dmin[r] = b.dmin;
     uint8_t sc[8], m[8];
@@ -473,10 +462,24 @@ inline void r16_put(const block_q5_K& b, int r, block_q5_K_r16& p) {
         p.sc[j][r] = sc[j];
         p.mn[j / 2][r][j & 1] = m[j];
     }
-    for (int t = 0; t < 8; t++) {
-        for (int c = 0; c < 4; c++) std::memcpy(p.qs[c][t][r], b.qs + 32 * c + 4 * t, 4);
-        std::memcpy(p.qh[t][r], b.qh + 4 * t, 4);
-    }
+    for (int c = 0; c < 4; c++)
+        for (int t = 0; t < 8; t++) std::memcpy(p.qs[c][t][r], b.qs + 32 * c + 4 * t, 4);
+}
+inline void r16_put(const block_q4_K& b, int r, block_q4_K_r16& p) { r16_put_q4_K_fields(b, r, p); }
+
+// Row r of a repacked q5_K super-block as the file holds it (block_q5_K, byte for byte).
+inline void r16_row(const block_q5_K_r16& p, int r, block_q5_K& b) {
+    b.d = p.d[r];
+    b.dmin = p.dmin[r];
+    uint8_t sc[8], m[8];
+    r16_row(p, r, b.qs, sc, m);
+    encode_scales_q4_K(sc, m, b.scales);
+    for (int t = 0; t < 8; t++) std::memcpy(b.qh + 4 * t, p.qh[t][r], 4);
+}
+// Row r's file block into a repacked q5_K super-block (r16_row's inverse).
+inline void r16_put(const block_q5_K& b, int r, block_q5_K_r16& p) {
+    r16_put_q4_K_fields(b, r, p);
+    for (int t = 0; t < 8; t++) std::memcpy(p.qh[t][r], b.qh + 4 * t, 4);
 }
 
 // Row r of a repacked iq4_xs super-block as the file holds it (block_iq4_xs, byte for byte).

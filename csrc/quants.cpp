@@ -424,34 +424,10 @@ void set_fast_quant_search(bool fast) {
     g_search = fast && avx2 && std::strcmp(active_kernels().family, "avx2") == 0 ? avx2 : &REF_SEARCH;
 }
 
-void repack_q4_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
-    const int64_t nsb = k / QK_K;
-    for (int64_t g = g0; g < g1; g++) {
-        block_q4_K_r16* out = (block_q4_K_r16*)dst + g * nsb;
-        for (int r = 0; r < R16; r++) {
-            const block_q4_K* row = (const block_q4_K*)(src + (size_t)(g * R16 + r) * src_row_bytes);
-            for (int64_t s = 0; s < nsb; s++) {
-                const block_q4_K& b = row[s];
-                block_q4_K_r16& p = out[s];
-                p.d[r] = b.d;
-                p.dmin[r] = b.dmin;
-                uint8_t sc[8], mn[8];
-                decode_scales_q4_K(b.scales, sc, mn);
-                for (int j = 0; j < 8; j++) {
-                    p.sc[j][r] = sc[j];
-                    p.mn[j / 2][r][j & 1] = mn[j];
-                }
-                for (int c = 0; c < 4; c++)
-                    for (int t = 0; t < 8; t++) std::memcpy(p.qs[c][t][r], b.qs + 32 * c + 4 * t, 4);
-            }
-        }
-    }
-}
-
 namespace {
-// The low-bit repacked layouts (q3_K, q6_K, iq4_xs): each row's file block put into its lane of the
-// group's block (r16_put) on the way in, gathered back (r16_row) and dequantized as the file type on the
-// way out.
+// The repacked layouts: each row's file block put into its lane of the group's block (r16_put) on the way
+// in; for q3_K, q5_K, q6_K and iq4_xs gathered back (r16_row) and dequantized as the file type on the way
+// out (q4_K's dequantize_q4_K_r16 reads the decoded scales as they are).
 template <typename Packed, typename Block>
 void repack_r16_rows(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
     const int64_t nsb = k / QK_K;
@@ -471,16 +447,14 @@ void dequantize_r16_rows(Type file_type, const uint8_t* src, float* dst, int64_t
                 Block b;
                 r16_row(((const Packed*)src)[g * nsb + s], r, b);
                 float* y = dst + (g * R16 + r) * k + s * QK_K;
-                if (file_type == Type::Q6_K)
-                    dequantize_row_q6_K((const block_q6_K*)&b, y, QK_K);
-                else if (file_type == Type::Q5_K)
-                    dequantize_row_q5_K((const block_q5_K*)&b, y, QK_K);
-                else
-                    dequantize_row_lowbit(file_type, (const uint8_t*)&b, y, QK_K);
+                dequantize_rows(file_type, &b, y, 1, QK_K);
             }
 }
 }  // namespace
 
+void repack_q4_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    repack_r16_rows<block_q4_K_r16, block_q4_K>(src, src_row_bytes, g0, g1, k, dst);
+}
 void repack_q3_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
     repack_r16_rows<block_q3_K_r16, block_q3_K>(src, src_row_bytes, g0, g1, k, dst);
 }
