@@ -5,11 +5,14 @@
 // kernels_neon_dotprod.cpp, the only file compiled with -march=armv8.2-a+dotprod (sdot, vdotq_s32).
 // kernels_neon() picks one of the two tables once, from cpu_features().dotprod. Only the dot-product build
 // multiplies q4_K weights repacked at load (block_q4_K_r16, TileR16 below): the loader repacks for it alone.
+// The low-bit and legacy formats (q2_K, q3_K, iq4_xs, the i-quant grids, q4_1, q5_0, q5_1, iq4_nl, mxfp4) run
+// on the file's layout in both builds (TileLow256, TileLow32), bit for bit the reference's results.
 #include <arm_neon.h>
 
 #include "dispatch.h"
 #include "kernel_tiles.h"
 #include "kernels.h"
+#include "lowbit.h"
 #if defined(CLOVER_NEON_DOTPROD)
 #include "kernel_r16.h"
 #endif
@@ -295,6 +298,370 @@ using TileQ5_K = TileQK<UnpackQ5_K>::T<RM, RN>;
 template <int RM, int RN>
 using TileQ6_K = TileQK<UnpackQ6_K>::T<RM, RN>;
 
+// ---- the low-bit and legacy formats (lowbit.h): super-blocks of 256 against block_q8_K (q2_K, q3_K, iq4_xs,
+// iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s), blocks of 32 against block_q8_a (q4_1, q5_0, q5_1, iq4_nl, mxfp4) ----
+// Each weight block is unpacked once per tile into signed int8 vectors of 16 (shifts and masks; vqtbl1q_s8 for
+// the 16-value tables; the grids' 8-byte entries by scalar table loads with their signs applied as byte masks),
+// multiplied with dot16 and summed per group in int32 (group sums times their int16 scales); the float
+// expression per block and the order in which blocks are added are the reference's (kernels_ref.cpp's
+// gemm_lowbit256 / gemm_lowbit32), so with -ffp-contract=off the results equal it bit for bit. Not timed on Arm
+// hardware (nothing here runs Arm code natively); qemu checks it (tests/native).
+
+// fp16 to fp32 by the conversion instruction (exact, as fp16_to_f32): the shared inline function, called from
+// many tiles, may be emitted out of line as a weak symbol, which the +dotprod object must not define
+// (tests/native/run_aarch64.sh).
+inline float half_f32(uint16_t h) { return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0); }
+
+struct LowSuper {
+    int8x16_t q[16];   // vector g: weights 16 g .. 16 g + 15, the group of scale sc[g]
+    int32_t sc[16];
+    int16_t mins[16];  // q2_K: the groups' mins, against the q8_K group sums
+    float d, dmin;     // d * the format's factor; q2_K's dmin
+};
+
+// Two grid entries of 8 magnitudes (one byte each) with the signs of bits 0..7 of s0 and s1: (g ^ m) - m, the
+// mask m = 0xff in the bytes whose bit is set.
+inline int8x16_t grid16(uint64_t g0, uint64_t g1, uint8_t s0, uint8_t s1) {
+    const uint8x16_t bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const int8x16_t m = vreinterpretq_s8_u8(vtstq_u8(vcombine_u8(vdup_n_u8(s0), vdup_n_u8(s1)), bit));
+    const int8x16_t g = vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(g0), vcreate_u64(g1)));
+    return vsubq_s8(veorq_s8(g, m), m);
+}
+
+// 2 s + 1 from the 16 nibbles of 8 bytes (iq2_xs, iq2_s: one per group of 16)
+inline void nibble_scales16(const uint8_t* scales8, int32_t sc[16]) {
+    for (int g = 0; g < 16; g++) sc[g] = 2 * ((scales8[g / 2] >> (4 * (g % 2))) & 0xf) + 1;
+}
+
+// q2_K: q = (qs[32 c + l] >> 2 sh) & 3 for weight 128 c + 32 sh + l, so vector 8 c + 2 sh + h is 16 bytes of qs
+// (at 32 c + 16 h) shifted by 2 sh.
+struct LowNQ2K {
+    using Block = block_q2_K;
+    static constexpr bool MINS = true;
+    static void load(const Block& b, LowSuper& s) {
+        s.d = half_f32(b.d);
+        s.dmin = half_f32(b.dmin);
+        const uint8x16_t three = vdupq_n_u8(3);
+        for (int c = 0; c < 2; c++)
+            for (int h = 0; h < 2; h++) {
+                const uint8x16_t q = vld1q_u8(b.qs + 32 * c + 16 * h);
+                s.q[8 * c + 0 + h] = vreinterpretq_s8_u8(vandq_u8(q, three));
+                s.q[8 * c + 2 + h] = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(q, 2), three));
+                s.q[8 * c + 4 + h] = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(q, 4), three));
+                s.q[8 * c + 6 + h] = vreinterpretq_s8_u8(vshrq_n_u8(q, 6));
+            }
+        for (int g = 0; g < 16; g++) {
+            s.sc[g] = b.scales[g] & 0xf;
+            s.mins[g] = (int16_t)(b.scales[g] >> 4);
+        }
+    }
+};
+
+// q3_K: q2_K's low bits, the high bit of weight 128 c + 32 sh + l in bit 4 c + sh of hmask[l] (set: q as is,
+// clear: q - 4).
+struct LowNQ3K {
+    using Block = block_q3_K;
+    static constexpr bool MINS = false;
+    static void load(const Block& b, LowSuper& s) {
+        s.d = half_f32(b.d);
+        const uint8x16_t three = vdupq_n_u8(3), one = vdupq_n_u8(1);
+        const uint8x16_t hm[2] = {vld1q_u8(b.hmask), vld1q_u8(b.hmask + 16)};
+        for (int c = 0; c < 2; c++)
+            for (int h = 0; h < 2; h++) {
+                const uint8x16_t q = vld1q_u8(b.qs + 32 * c + 16 * h);
+                const uint8x16_t lo[4] = {vandq_u8(q, three), vandq_u8(vshrq_n_u8(q, 2), three),
+                                          vandq_u8(vshrq_n_u8(q, 4), three), vshrq_n_u8(q, 6)};
+                for (int sh = 0; sh < 4; sh++) {
+                    const uint8x16_t hb = vandq_u8(vshlq_u8(hm[h], vdupq_n_s8((int8_t)-(4 * c + sh))), one);
+                    const uint8x16_t u = vorrq_u8(lo[sh], vshlq_n_u8(hb, 2));
+                    s.q[8 * c + 2 * sh + h] = vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8(4));
+                }
+            }
+        int8_t sc[16];
+        decode_scales_q3_K(b.scales, sc);
+        for (int g = 0; g < 16; g++) s.sc[g] = sc[g];
+    }
+};
+
+// iq4_xs: kvalues_iq4nl of the nibbles (16 bytes of qs per group of 32: low nibbles first), one 6-bit scale
+// minus 32 per group of 32.
+struct LowNIQ4XS {
+    using Block = block_iq4_xs;
+    static constexpr bool MINS = false;
+    static void load(const Block& b, LowSuper& s) {
+        s.d = half_f32(b.d);
+        const int8x16_t table = vld1q_s8(kvalues_iq4nl);
+        for (int j = 0; j < 8; j++) {
+            const uint8x16_t v = vld1q_u8(b.qs + 16 * j);
+            s.q[2 * j] = vqtbl1q_s8(table, vandq_u8(v, vdupq_n_u8(0x0f)));
+            s.q[2 * j + 1] = vqtbl1q_s8(table, vshrq_n_u8(v, 4));
+        }
+        int8_t ls[8];
+        decode_scales_iq4_xs(b, ls);
+        for (int j = 0; j < 8; j++) s.sc[2 * j] = s.sc[2 * j + 1] = ls[j];
+    }
+};
+
+// iq2_xxs: per group of 32, 4 grid indices (bytes of aux0) and 4 x 7 sign bits (through ksigns_iq2xs) and the
+// 4-bit scale in aux1; weight = d / 8 * (2 s + 1) * q.
+struct LowNIQ2XXS {
+    using Block = block_iq2_xxs;
+    static constexpr bool MINS = false;
+    static void load(const Block& b, LowSuper& s) {
+        s.d = half_f32(b.d) * 0.125f;
+        for (int ib = 0; ib < 8; ib++) {
+            uint32_t aux0, aux1;
+            std::memcpy(&aux0, b.qs + 4 * ib, 4);
+            std::memcpy(&aux1, b.qs + 4 * ib + 2, 4);
+            for (int h = 0; h < 2; h++) {
+                const int l = 2 * h;
+                s.q[2 * ib + h] = grid16(iq2xxs_grid[(aux0 >> (8 * l)) & 0xff], iq2xxs_grid[(aux0 >> (8 * l + 8)) & 0xff],
+                                         ksigns_iq2xs[(aux1 >> (7 * l)) & 127], ksigns_iq2xs[(aux1 >> (7 * l + 7)) & 127]);
+            }
+            s.sc[2 * ib] = s.sc[2 * ib + 1] = (int32_t)(2 * (aux1 >> 28) + 1);
+        }
+    }
+};
+
+// iq2_xs: 9-bit grid index and 7 sign bits per 8 weights; scales 2 s + 1 per group of 16.
+struct LowNIQ2XS {
+    using Block = block_iq2_xs;
+    static constexpr bool MINS = false;
+    static void load(const Block& b, LowSuper& s) {
+        s.d = half_f32(b.d) * 0.125f;
+        for (int g = 0; g < 16; g++) {
+            const uint16_t q0 = b.qs[2 * g], q1 = b.qs[2 * g + 1];
+            s.q[g] = grid16(iq2xs_grid[q0 & 511], iq2xs_grid[q1 & 511], ksigns_iq2xs[q0 >> 9], ksigns_iq2xs[q1 >> 9]);
+        }
+        nibble_scales16(b.scales, s.sc);
+    }
+};
+
+// iq2_s: 10-bit grid index (qs and 2 bits of qh) and a plain sign byte per 8 weights; scales as iq2_xs.
+struct LowNIQ2S {
+    using Block = block_iq2_s;
+    static constexpr bool MINS = false;
+    static int index(const Block& b, int i) { return b.qs[i] | (((b.qh[i / 4] >> (2 * (i % 4))) & 3) << 8); }
+    static void load(const Block& b, LowSuper& s) {
+        s.d = half_f32(b.d) * 0.125f;
+        for (int g = 0; g < 16; g++)
+            s.q[g] = grid16(iq2s_grid[index(b, 2 * g)], iq2s_grid[index(b, 2 * g + 1)], b.qs[32 + 2 * g],
+                            b.qs[32 + 2 * g + 1]);
+        nibble_scales16(b.scales, s.sc);
+    }
+};
+
+// iq3_xxs: per 8 weights two iq3xxs_grid entries of 4 magnitudes and 7 sign bits (ksigns_iq2xs); per group of
+// 32 a 4-bit scale; weight = d / 4 * (2 s + 1) * q.
+struct LowNIQ3XXS {
+    using Block = block_iq3_xxs;
+    static constexpr bool MINS = false;
+    static void load(const Block& b, LowSuper& s) {
+        s.d = half_f32(b.d) * 0.25f;
+        for (int ib = 0; ib < 8; ib++) {
+            uint32_t aux;
+            std::memcpy(&aux, b.qs + 64 + 4 * ib, 4);
+            const uint8_t* q = b.qs + 8 * ib;
+            uint64_t g[4];
+            for (int l = 0; l < 4; l++) g[l] = iq3xxs_grid[q[2 * l]] | (uint64_t)iq3xxs_grid[q[2 * l + 1]] << 32;
+            for (int h = 0; h < 2; h++)
+                s.q[2 * ib + h] = grid16(g[2 * h], g[2 * h + 1], ksigns_iq2xs[(aux >> (14 * h)) & 127],
+                                         ksigns_iq2xs[(aux >> (14 * h + 7)) & 127]);
+            s.sc[2 * ib] = s.sc[2 * ib + 1] = (int32_t)(2 * (aux >> 28) + 1);
+        }
+    }
+};
+
+// iq3_s: a 9-bit iq3s_grid index (qs and a bit of qh) per 4 weights, one plain sign bit per weight; scales
+// 2 s + 1 per group of 32.
+struct LowNIQ3S {
+    using Block = block_iq3_s;
+    static constexpr bool MINS = false;
+    static uint32_t grid(const Block& b, int i) { return iq3s_grid[b.qs[i] | (((b.qh[i / 8] >> (i % 8)) & 1) << 8)]; }
+    static void load(const Block& b, LowSuper& s) {
+        s.d = half_f32(b.d);
+        for (int g = 0; g < 16; g++) {
+            const uint64_t g0 = grid(b, 4 * g) | (uint64_t)grid(b, 4 * g + 1) << 32;
+            const uint64_t g1 = grid(b, 4 * g + 2) | (uint64_t)grid(b, 4 * g + 3) << 32;
+            s.q[g] = grid16(g0, g1, b.signs[2 * g], b.signs[2 * g + 1]);
+        }
+        for (int j = 0; j < 8; j++) s.sc[2 * j] = s.sc[2 * j + 1] = 2 * ((b.scales[j / 2] >> (4 * (j % 2))) & 0xf) + 1;
+    }
+};
+
+template <typename U>
+struct TileLow256 {
+    template <int RM, int RN>
+    struct T {
+        static void run(const Args& a, int64_t n, int m) {
+            using Block = typename U::Block;
+            float acc[RM][RN] = {};
+            const int64_t nb = a.K / QK_K;
+            LowSuper s[RM];
+            for (int64_t b = 0; b < nb; b++) {
+                for (int r = 0; r < RM; r++) U::load(((const Block*)(a.W + (n + r) * a.wrb))[b], s[r]);
+                for (int t = 0; t < RN; t++) {
+                    const block_q8_K& x = ((const block_q8_K*)(a.X + (m + t) * a.xrb))[b];
+                    int32x4_t sum[RM];
+                    for (int r = 0; r < RM; r++) sum[r] = vdupq_n_s32(0);
+                    for (int g = 0; g < 16; g++) {
+                        const int8x16_t xv = vld1q_s8(x.qs + 16 * g);
+                        for (int r = 0; r < RM; r++)
+                            sum[r] = vmlaq_n_s32(sum[r], dot16(vdupq_n_s32(0), s[r].q[g], xv), s[r].sc[g]);
+                    }
+                    for (int r = 0; r < RM; r++) {
+                        // the reference's x.d * d * sum_q (- x.d * dmin * sum_m), added to the row's sum
+                        float v = x.d * s[r].d * (float)vaddvq_s32(sum[r]);
+                        if constexpr (U::MINS) {
+                            const int16x8_t m0 = vld1q_s16(s[r].mins), m1 = vld1q_s16(s[r].mins + 8);
+                            const int16x8_t b0 = vld1q_s16(x.bsums), b1 = vld1q_s16(x.bsums + 8);
+                            int32x4_t sm = vmull_s16(vget_low_s16(m0), vget_low_s16(b0));
+                            sm = vmlal_high_s16(sm, m0, b0);
+                            sm = vmlal_s16(sm, vget_low_s16(m1), vget_low_s16(b1));
+                            sm = vmlal_high_s16(sm, m1, b1);
+                            v -= x.d * s[r].dmin * (float)vaddvq_s32(sm);
+                        }
+                        acc[r][t] += v;
+                    }
+                }
+            }
+            for (int r = 0; r < RM; r++)
+                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = acc[r][t];
+        }
+    };
+};
+
+// Blocks of 32 as 2 x 16 int8 (weights 0..15, 16..31: low nibbles, high nibbles) and the block's float factor.
+inline void nibbles2(const uint8_t* qs, uint8x16_t q[2]) {
+    const uint8x16_t v = vld1q_u8(qs);
+    q[0] = vandq_u8(v, vdupq_n_u8(0x0f));
+    q[1] = vshrq_n_u8(v, 4);
+}
+// bit j of qh (4 bytes) as bit 4 of weight j
+inline void or_fifth_bits(const uint8_t qh[4], uint8x16_t q[2]) {
+    const uint8x16_t bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    for (int h = 0; h < 2; h++) {
+        const uint8x16_t set = vtstq_u8(vcombine_u8(vdup_n_u8(qh[2 * h]), vdup_n_u8(qh[2 * h + 1])), bit);
+        q[h] = vorrq_u8(q[h], vandq_u8(set, vdupq_n_u8(0x10)));
+    }
+}
+
+struct Low32Q4_1 {
+    using Block = block_q4_1;
+    static void load(const Block& b, int8x16_t w[2]) {
+        uint8x16_t q[2];
+        nibbles2(b.qs, q);
+        w[0] = vreinterpretq_s8_u8(q[0]);
+        w[1] = vreinterpretq_s8_u8(q[1]);
+    }
+    static float d(const Block& b) { return half_f32(b.d); }
+};
+struct Low32Q5_1 {
+    using Block = block_q5_1;
+    static void load(const Block& b, int8x16_t w[2]) {
+        uint8x16_t q[2];
+        nibbles2(b.qs, q);
+        or_fifth_bits(b.qh, q);
+        w[0] = vreinterpretq_s8_u8(q[0]);
+        w[1] = vreinterpretq_s8_u8(q[1]);
+    }
+    static float d(const Block& b) { return half_f32(b.d); }
+};
+struct Low32Q5_0 {
+    using Block = block_q5_0;
+    static void load(const Block& b, int8x16_t w[2]) {
+        uint8x16_t q[2];
+        nibbles2(b.qs, q);
+        or_fifth_bits(b.qh, q);
+        w[0] = vsubq_s8(vreinterpretq_s8_u8(q[0]), vdupq_n_s8(16));
+        w[1] = vsubq_s8(vreinterpretq_s8_u8(q[1]), vdupq_n_s8(16));
+    }
+    static float d(const Block& b) { return half_f32(b.d); }
+};
+template <typename B, const int8_t* TABLE>
+struct Low32Table {
+    using Block = B;
+    static void load(const Block& b, int8x16_t w[2]) {
+        uint8x16_t q[2];
+        nibbles2(b.qs, q);
+        const int8x16_t t = vld1q_s8(TABLE);
+        w[0] = vqtbl1q_s8(t, q[0]);
+        w[1] = vqtbl1q_s8(t, q[1]);
+    }
+    static float d(const Block& b) {
+        if constexpr (std::is_same_v<B, block_mxfp4>)
+            return e8m0_to_fp32_half(b.e);
+        else
+            return half_f32(b.d);
+    }
+};
+
+template <typename U>
+struct TileLow32 {
+    template <int RM, int RN>
+    struct T {
+        static void run(const Args& a, int64_t n, int m) {
+            using Block = typename U::Block;
+            // q4_1 / q5_1: weight = d q + m, the m part against the block's activation sum
+            constexpr bool MIN = std::is_same_v<Block, block_q4_1> || std::is_same_v<Block, block_q5_1>;
+            float acc[RM][RN] = {};
+            const int64_t nb = a.K / QK;
+            for (int64_t b = 0; b < nb; b++) {
+                int8x16_t w[RM][2];
+                float dw[RM], mw[RM] = {};
+                for (int r = 0; r < RM; r++) {
+                    const Block& blk = ((const Block*)(a.W + (n + r) * a.wrb))[b];
+                    U::load(blk, w[r]);
+                    dw[r] = U::d(blk);
+                    if constexpr (MIN) mw[r] = half_f32(blk.m);
+                }
+                for (int t = 0; t < RN; t++) {
+                    const block_q8_a& x = ((const block_q8_a*)(a.X + (m + t) * a.xrb))[b];
+                    const int8x16_t x0 = vld1q_s8(x.qs), x1 = vld1q_s8(x.qs + 16);
+                    int32_t sx = 0;
+                    if constexpr (MIN) sx = (int32_t)vaddlvq_s8(x0) + (int32_t)vaddlvq_s8(x1);
+                    for (int r = 0; r < RM; r++) {
+                        const int32_t s = vaddvq_s32(dot16(dot16(vdupq_n_s32(0), w[r][0], x0), w[r][1], x1));
+                        // the reference's d * x.d * s (+ m * x.d * sum x), added to the row's sum
+                        float v = dw[r] * x.d * (float)s;
+                        if constexpr (MIN) v += mw[r] * x.d * (float)sx;
+                        acc[r][t] += v;
+                    }
+                }
+            }
+            for (int r = 0; r < RM; r++)
+                for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + r] = acc[r][t];
+        }
+    };
+};
+
+template <int RM, int RN>
+using TileQ2_K = TileLow256<LowNQ2K>::T<RM, RN>;
+template <int RM, int RN>
+using TileQ3_K = TileLow256<LowNQ3K>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ4_XS = TileLow256<LowNIQ4XS>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ2_XXS = TileLow256<LowNIQ2XXS>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ2_XS = TileLow256<LowNIQ2XS>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ2_S = TileLow256<LowNIQ2S>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ3_XXS = TileLow256<LowNIQ3XXS>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ3_S = TileLow256<LowNIQ3S>::T<RM, RN>;
+template <int RM, int RN>
+using TileQ4_1 = TileLow32<Low32Q4_1>::T<RM, RN>;
+template <int RM, int RN>
+using TileQ5_0 = TileLow32<Low32Q5_0>::T<RM, RN>;
+template <int RM, int RN>
+using TileQ5_1 = TileLow32<Low32Q5_1>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ4_NL = TileLow32<Low32Table<block_iq4_nl, kvalues_iq4nl>>::T<RM, RN>;
+template <int RM, int RN>
+using TileMXFP4 = TileLow32<Low32Table<block_mxfp4, kvalues_mxfp4>>::T<RM, RN>;
+
 #if defined(CLOVER_NEON_DOTPROD)
 // ---- q4_K repacked by 16 rows (block_q4_K_r16): one row per int32 lane, a group of 16 in four quads ----
 // The layout's kernel on 4-lane registers with sdot by element (vdotq_laneq_s32): per chunk, word and
@@ -396,23 +763,41 @@ struct TileR16 : R16SumsInMemory<TileR16> {
 };
 #endif
 
-const Kernels NEON = {
-    "neon",
-    "neon",
-    gemm_tiled<TileF32, 4, 2>,
-    gemm_tiled<TileF16, 4, 2>,
-    gemm_tiled<TileBF16, 4, 2>,
-    gemm_tiled<TileQ8_0, 4, 2>,
-    gemm_tiled<TileQ4_0, 4, 2>,
-    gemm_tiled<TileQ4_K, 4, 2>,
-    gemm_tiled<TileQ5_K, 4, 2>,
-    gemm_tiled<TileQ6_K, 4, 2>,
+Kernels make_neon() {
+    Kernels k = {
+        "neon",
+        "neon",
+        gemm_tiled<TileF32, 4, 2>,
+        gemm_tiled<TileF16, 4, 2>,
+        gemm_tiled<TileBF16, 4, 2>,
+        gemm_tiled<TileQ8_0, 4, 2>,
+        gemm_tiled<TileQ4_0, 4, 2>,
+        gemm_tiled<TileQ4_K, 4, 2>,
+        gemm_tiled<TileQ5_K, 4, 2>,
+        gemm_tiled<TileQ6_K, 4, 2>,
 #if defined(CLOVER_NEON_DOTPROD)
-    gemm_r16<TileR16>,
+        gemm_r16<TileR16>,
 #else
-    gemm_q4_K_r16_ref,  // (without sdot the loader does not repack)
+        gemm_q4_K_r16_ref,  // (without sdot the loader does not repack)
 #endif
-};
+    };
+    k.gemm_q4_1 = gemm_tiled<TileQ4_1, 4, 2>;
+    k.gemm_q5_0 = gemm_tiled<TileQ5_0, 4, 2>;
+    k.gemm_q5_1 = gemm_tiled<TileQ5_1, 4, 2>;
+    k.gemm_iq4_nl = gemm_tiled<TileIQ4_NL, 4, 2>;
+    k.gemm_mxfp4 = gemm_tiled<TileMXFP4, 4, 2>;
+    k.gemm_q2_K = gemm_tiled<TileQ2_K, 4, 2>;
+    k.gemm_q3_K = gemm_tiled<TileQ3_K, 4, 2>;
+    k.gemm_iq4_xs = gemm_tiled<TileIQ4_XS, 4, 2>;
+    k.gemm_iq2_xxs = gemm_tiled<TileIQ2_XXS, 4, 2>;
+    k.gemm_iq2_xs = gemm_tiled<TileIQ2_XS, 4, 2>;
+    k.gemm_iq2_s = gemm_tiled<TileIQ2_S, 4, 2>;
+    k.gemm_iq3_xxs = gemm_tiled<TileIQ3_XXS, 4, 2>;
+    k.gemm_iq3_s = gemm_tiled<TileIQ3_S, 4, 2>;
+    return k;
+}
+
+const Kernels NEON = make_neon();
 
 }  // namespace
 

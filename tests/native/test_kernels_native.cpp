@@ -58,8 +58,19 @@ const Format FORMATS[] = {
     {Type::Q4_0, "q4_0", QK},   {Type::Q4_K, "q4_K", QK_K}, {Type::Q5_K, "q5_K", QK_K}, {Type::Q6_K, "q6_K", QK_K},
 };
 
+// the low-bit and legacy formats (lowbit.h); fill_raw_blocks gives each its raw blocks
+const Format LOWBIT[] = {
+    {Type::Q2_K, "q2_K", QK_K},       {Type::Q3_K, "q3_K", QK_K},       {Type::IQ4_XS, "iq4_xs", QK_K},
+    {Type::IQ2_XXS, "iq2_xxs", QK_K}, {Type::IQ2_XS, "iq2_xs", QK_K},   {Type::IQ2_S, "iq2_s", QK_K},
+    {Type::IQ3_XXS, "iq3_xxs", QK_K}, {Type::IQ3_S, "iq3_s", QK_K},     {Type::Q4_1, "q4_1", QK},
+    {Type::Q5_0, "q5_0", QK},         {Type::Q5_1, "q5_1", QK},         {Type::IQ4_NL, "iq4_nl", QK},
+    {Type::MXFP4, "mxfp4", QK},
+};
+
 const Format& format(Type t) {
     for (const Format& f : FORMATS)
+        if (f.type == t) return f;
+    for (const Format& f : LOWBIT)
         if (f.type == t) return f;
     return FORMATS[0];
 }
@@ -151,6 +162,21 @@ void fill_raw_blocks(std::mt19937& rng, Type t, uint8_t* data, size_t n_blocks) 
                 set_half(offsetof(block_q5_K, dmin));
                 break;
             case Type::Q6_K: set_half(offsetof(block_q6_K, d)); break;
+            case Type::Q2_K:
+                set_half(offsetof(block_q2_K, d));
+                set_half(offsetof(block_q2_K, dmin));
+                break;
+            case Type::Q3_K: set_half(offsetof(block_q3_K, d)); break;
+            case Type::Q4_1:
+            case Type::Q5_1:  // (d, then m: the same offsets in both)
+                set_half(0);
+                set_half(2);
+                break;
+            case Type::MXFP4: blk[0] = (uint8_t)(118 + byte(rng) % 16); break;  // 2^-10 .. 2^5
+            case Type::Q5_0: case Type::IQ4_NL: case Type::IQ4_XS: case Type::IQ2_XXS: case Type::IQ2_XS:
+            case Type::IQ2_S: case Type::IQ3_XXS: case Type::IQ3_S:
+                set_half(0);  // (d first)
+                break;
             default: break;
         }
     }
@@ -371,6 +397,44 @@ void test_gemm_r16(const Table& tb, std::mt19937& rng) {
         }
 }
 
+// ---- the low-bit and legacy formats (lowbit.h) ----
+
+
+// Raw blocks (every index, sign, scale and bit pattern) of any of these formats, or, for those with a
+// quantizer, quantized random weights.
+std::vector<uint8_t> lowbit_weights(std::mt19937& rng, const Format& f, int64_t N, int64_t K, bool raw) {
+    const TypeInfo& ti = *type_info((int32_t)f.type);
+    std::vector<uint8_t> w(row_bytes(ti, K) * N);
+    if (!raw && has_quantizer(f.type))
+        quantize_rows(f.type, normal(rng, (size_t)(N * K), 1.f).data(), w.data(), N, K);
+    else
+        fill_raw_blocks(rng, f.type, w.data(), w.size() / ti.block_bytes);
+    return w;
+}
+
+void test_gemm_lowbit(const Table& tb, std::mt19937& rng) {
+    // the NEON kernels do the reference's arithmetic (integer sums, then its float expression): bit for bit
+    const double tol = tb.name.rfind("neon", 0) == 0 ? 0.0 : TOL_VS_REF;
+    for (const Format& f : LOWBIT) {
+        for (int64_t K : {int64_t(f.block), int64_t(3 * f.block)})
+            for (int64_t N : {int64_t(1), int64_t(5), int64_t(9)})
+                for (int M : {1, 2, 3, 4, 5, 8, 33})
+                    for (bool raw : {true, false}) {
+                        const auto w = lowbit_weights(rng, f, N, K, raw);
+                        const auto x = make_acts(rng, f, M, K, raw ? XData::RAW : XData::RANDOM);
+                        const std::string what = std::string(raw ? "raw" : "quantized") + " " + shape(N, K, M, 0, N);
+                        check_gemm(tb, f, N, K, M, 0, N, w, x, what, nullptr, tol);
+                        if (N > 2) check_gemm(tb, f, N, K, M, 1, N - 1, w, x, what + " inner rows", nullptr, tol);
+                    }
+        for (XData xd : {XData::EXTREME, XData::ZERO, XData::SPIKY, XData::LARGE}) {
+            const auto w = lowbit_weights(rng, f, 6, 2 * f.block, true);
+            const auto x = make_acts(rng, f, 5, 2 * f.block, xd);
+            check_gemm(tb, f, 6, 2 * f.block, 5, 0, 6, w, x, std::string("raw weights, ") + xdata_name(xd) + " acts",
+                       nullptr, tol);
+        }
+    }
+}
+
 // ---- mixture of experts ----
 
 float silu(float x) { return x / (1.f + std::exp(-x)); }
@@ -385,7 +449,10 @@ Experts make_experts(std::mt19937& rng, const Format& f, int64_t E, int64_t rows
     Experts ex;
     const size_t rb = row_bytes(*type_info((int32_t)f.type), k);
     ex.data.resize(rb * rows * E);
-    quantize_rows(f.type, normal(rng, (size_t)(E * rows * k), 0.2f).data(), ex.data.data(), E * rows, k);
+    if (has_quantizer(f.type))
+        quantize_rows(f.type, normal(rng, (size_t)(E * rows * k), 0.2f).data(), ex.data.data(), E * rows, k);
+    else  // (the i-quant grids: raw blocks)
+        fill_raw_blocks(rng, f.type, ex.data.data(), ex.data.size() / type_info((int32_t)f.type)->block_bytes);
     ex.view = ExpertsView{WeightView{f.type, ex.data.data(), rows, k, rb}, E};
     if (r16 && f.type == Type::Q4_K) {
         ex.data = repacked(ex.data, E * rows, k);
@@ -421,6 +488,7 @@ void test_moe(const Table& tb, std::mt19937& rng) {
     const std::tuple<Type, Type, bool> cases[] = {
         {Type::Q4_K, Type::Q6_K, false}, {Type::Q4_0, Type::Q8_0, false}, {Type::Q8_0, Type::Q5_K, false},
         {Type::F16, Type::F32, false},   {Type::BF16, Type::Q4_K, false}, {Type::Q4_K, Type::Q4_K, true},
+        {Type::IQ3_XXS, Type::IQ4_XS, false}, {Type::Q3_K, Type::Q2_K, false}, {Type::IQ2_S, Type::Q5_1, false},
     };
     for (const auto& [tu, td, r16] : cases) {
         const Format &fu = format(tu), &fd = format(td);
@@ -610,6 +678,7 @@ int main(int argc, char** argv) {
         std::mt19937 rng(1234);
         test_gemm(tb, rng);
         test_gemm_r16(tb, rng);
+        test_gemm_lowbit(tb, rng);
         test_moe(tb, rng);
         std::printf("%s: %d passed, %d failed\n", tb.name.c_str(), g_passed - p0, g_failed - f0);
     }
