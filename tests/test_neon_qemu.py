@@ -54,10 +54,11 @@ def test_neon_kernels_under_qemu(tmp_path):
 @needs_source
 def test_instruction_count_bench(tmp_path):
     # bench/native/icount_aarch64.sh: the NEON dot-product table's q4_K product in both layouts under qemu;
-    # the repacked one executes fewer instructions at every token count (a count, not a time: deterministic)
+    # the repacked one executes fewer instructions at every token count (a count, not a time: deterministic);
+    # an i-quant's product by the NEON table against the scalar reference's
     out = tmp_path / "icount.json"
     script = ROOT / "bench" / "native" / "icount_aarch64.sh"
-    r = subprocess.run(["bash", str(script), str(tmp_path / "build"), str(out)],
+    r = subprocess.run(["bash", str(script), str(tmp_path / "build"), str(out), "iq3_xxs"],
                        check=False, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     results = json.loads(out.read_text())["results"]
@@ -65,3 +66,7 @@ def test_instruction_count_bench(tmp_path):
     for e in results:
         assert 0 < e["q4_k_r16"] < e["q4_k"] and e["ratio"] > 1, e
     assert "q4_k_r16" in r.stdout and "ratio" in r.stdout
+    # and iq3_xxs by the NEON table executes fewer instructions than the scalar reference, at 1 and 4 tokens
+    formats = json.loads(out.read_text())["formats"]
+    assert [(e["format"], e["tokens"]) for e in formats] == [("iq3_xxs", 1), ("iq3_xxs", 4)]
+    assert all(0 < e["neon"] < e["ref"] for e in formats), formats
