@@ -2,9 +2,12 @@
 // activation formats our integer kernels use internally.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#include "iq_tables.h"
 
 namespace clover {
 
@@ -37,11 +40,12 @@ enum class Type : int32_t {
     // Not a GGUF type: q4_K rows repacked at load in groups of 16 (block_q4_K_r16), for kernels that keep
     // one weight row per vector lane. Never read from or written to a file (type_table leaves it out).
     Q4_K_R16 = 1012,
-    // Not GGUF types either: q3_K, q5_K, q6_K and iq4_xs rows repacked at load in groups of 16
-    // (block_q3_K_r16, block_q5_K_r16, block_q6_K_r16, block_iq4_xs_r16).
+    // Not GGUF types either: q3_K, q5_K, q6_K, iq4_xs and iq3_xxs rows repacked at load in groups of 16
+    // (block_q3_K_r16, block_q5_K_r16, block_q6_K_r16, block_iq4_xs_r16, block_iq3_xxs_r16).
     Q3_K_R16 = 1011,
     Q5_K_R16 = 1013,
     Q6_K_R16 = 1014,
+    IQ3_XXS_R16 = 1018,
     IQ4_XS_R16 = 1023,
 };
 
@@ -157,6 +161,20 @@ struct block_iq4_xs_r16 {
     uint8_t qs[8][4][16][4];  // [group j][word t][row][byte i]
 };
 static_assert(sizeof(block_iq4_xs_r16) == 16 * 138, "block_iq4_xs_r16 is 2208 bytes");
+
+// 16 rows of one iq3_xxs super-block, transcoded (repack_iq3_xxs_r16) into block_iq4_xs_r16's layout: every
+// weight a 4-bit code (bits 0-2: which of the 8 magnitudes iq3xxs_grid's bytes take, 4, 12, ..., 52, 62;
+// bit 3: its sign; kvalues_iq3xxs_r16 the 16 signed values), sc[j][row] group j's scale 2 s + 1, d the file's
+// (weight = d / 4 * sc * value). A row's share is 138 bytes against the file's 98: 1.4x the bytes, for one
+// table lookup per 32 weights where the file's layout takes 8 grid loads and 4 sign loads. Lossless: a
+// row's file block is rebuilt byte for byte (r16_row; the grid's 256 entries are distinct, and each group
+// of 8 signs is stored as 7 bits and the parity).
+struct block_iq3_xxs_r16 {
+    uint16_t d[16];           // fp16, per row
+    int8_t sc[8][16];         // [group j][row]: 2 s + 1
+    uint8_t qs[8][4][16][4];  // [group j][word t][row][byte i]: codes as block_iq4_xs_r16's nibbles
+};
+static_assert(sizeof(block_iq3_xxs_r16) == 16 * 138, "block_iq3_xxs_r16 is 2208 bytes");
 
 // As q4_K with a fifth bit per weight in qh (bit 2c / 2c+1 for chunk c, low / high nibble).
 struct block_q5_K {
@@ -502,6 +520,77 @@ inline void r16_put(const block_iq4_xs& b, int r, block_iq4_xs_r16& p) {
     for (int j = 0; j < 8; j++) {
         p.sc[j][r] = ls[j];
         for (int t = 0; t < 4; t++) std::memcpy(p.qs[j][t][r], b.qs + 16 * j + 4 * t, 4);
+    }
+}
+
+// The signed value of each 4-bit code of block_iq3_xxs_r16.
+alignas(16) static const int8_t kvalues_iq3xxs_r16[16] = {4, 12, 20, 28, 36, 44, 52, 62, -4, -12, -20, -28, -36, -44, -52, -62};
+
+// iq3_xxs magnitudes as 3-bit indices: iq3xxs_grid's bytes are 4, 12, ..., 52 (8 i + 4) and 62.
+inline int iq3xxs_mag_index(int v) { return v == 62 ? 7 : (v - 4) / 8; }
+// The grid entry of 4 magnitude indices (bits 3 i .. 3 i + 2 for byte i): the inverse of iq3xxs_grid.
+inline const std::array<uint8_t, 4096>& iq3xxs_grid_index() {
+    static const std::array<uint8_t, 4096> t = [] {
+        std::array<uint8_t, 4096> out{};
+        for (int e = 0; e < 256; e++) {
+            int key = 0;
+            for (int i = 0; i < 4; i++) key |= iq3xxs_mag_index((int)((iq3xxs_grid[e] >> (8 * i)) & 0xff)) << (3 * i);
+            out[(size_t)key] = (uint8_t)e;
+        }
+        return out;
+    }();
+    return t;
+}
+
+// Row r's iq3_xxs block into a transcoded super-block: weight 32 j + 4 t + i's code in the low nibble of
+// qs[j][t][r][i], weight 32 j + 16 + 4 t + i's in the high one (as block_iq4_xs_r16).
+inline void r16_put(const block_iq3_xxs& b, int r, block_iq3_xxs_r16& p) {
+    p.d[r] = b.d;
+    for (int j = 0; j < 8; j++) {
+        uint32_t aux;
+        std::memcpy(&aux, b.qs + 64 + 4 * j, 4);
+        uint8_t code[32];
+        for (int l = 0; l < 4; l++) {
+            const int signs = ksigns_iq2xs[(aux >> (7 * l)) & 127];
+            for (int e = 0; e < 2; e++) {
+                const uint32_t g = iq3xxs_grid[b.qs[8 * j + 2 * l + e]];
+                for (int i = 0; i < 4; i++) {
+                    const int w = 4 * e + i;
+                    code[8 * l + w] = (uint8_t)(iq3xxs_mag_index((int)((g >> (8 * i)) & 0xff)) | (((signs >> w) & 1) << 3));
+                }
+            }
+        }
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < 4; i++) p.qs[j][t][r][i] = (uint8_t)(code[4 * t + i] | (code[16 + 4 * t + i] << 4));
+        p.sc[j][r] = (int8_t)(2 * (aux >> 28) + 1);
+    }
+}
+// Row r of a transcoded iq3_xxs super-block as the file holds it (block_iq3_xxs, byte for byte).
+inline void r16_row(const block_iq3_xxs_r16& p, int r, block_iq3_xxs& b) {
+    b.d = p.d[r];
+    const auto& index = iq3xxs_grid_index();
+    for (int j = 0; j < 8; j++) {
+        uint8_t code[32];
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < 4; i++) {
+                code[4 * t + i] = p.qs[j][t][r][i] & 0xf;
+                code[16 + 4 * t + i] = p.qs[j][t][r][i] >> 4;
+            }
+        uint32_t aux = (uint32_t)((p.sc[j][r] - 1) / 2) << 28;
+        for (int l = 0; l < 4; l++) {
+            int signs = 0;
+            for (int e = 0; e < 2; e++) {
+                int key = 0;
+                for (int i = 0; i < 4; i++) {
+                    const int c = code[8 * l + 4 * e + i];
+                    key |= (c & 7) << (3 * i);
+                    signs |= (c >> 3) << (4 * e + i);
+                }
+                b.qs[8 * j + 2 * l + e] = index[(size_t)key];
+            }
+            aux |= (uint32_t)(signs & 127) << (7 * l);  // (bit 7 is the parity of the 7: ksigns_iq2xs)
+        }
+        std::memcpy(b.qs + 64 + 4 * j, &aux, 4);
     }
 }
 

@@ -641,34 +641,50 @@ struct TileQ5KR16 : R16SumsInMemory<TileQ5KR16> {
     }
 };
 
-// iq4_xs (block_iq4_xs_r16): per half, group j (32 weights) and word t: the low nibbles (weights 32 j + 4 t ..
-// + 3 of 8 rows) and the high ones (+ 16) looked up in kvalues_iq4nl (vpshufb) as signed bytes, their
-// magnitudes against the token's 4 activations broadcast with the weights' signs (vpsignb), vpmaddubsw and
-// at once vpmaddwd by each row's group scale (pairs (sc, sc)): two products of |q| <= 127 could overflow an
-// int16 sum. One float multiply-add per half and token: d x d_x.
-struct alignas(32) UnpackedIQ4XS {
+// iq4_xs (block_iq4_xs_r16) and iq3_xxs transcoded (block_iq3_xxs_r16, the same layout with other values): per
+// half, group j (32 weights) and word t: the low nibbles (weights 32 j + 4 t .. + 3 of 8 rows) and the high
+// ones (+ 16) looked up in the format's 16 values (vpshufb) as signed bytes, their magnitudes against the
+// token's 4 activations broadcast with the weights' signs (vpsignb), vpmaddubsw and at once vpmaddwd by each
+// row's group scale (pairs (sc, sc)): two products of |q| <= 127 could overflow an int16 sum. One float
+// multiply-add per half and token: d x factor x d_x.
+struct alignas(32) UnpackedCodes4 {
     __m256i w[2][8][8];  // [half][group j][word t, then t + 4 for the high nibbles]: the values
 };
-struct TileIQ4XSR16 : R16LowScratch<TileIQ4XSR16, UnpackedIQ4XS> {
+struct CodesIQ4XS {
     using Block = block_iq4_xs_r16;
-    static constexpr gemm_fn ref = &gemm_iq4_xs_r16_ref;
+    static constexpr const int8_t* VALUES = kvalues_iq4nl;
+    static constexpr float FACTOR = 1.f;
+    static constexpr gemm_fn REF = &gemm_iq4_xs_r16_ref;
+};
+struct CodesIQ3XXS {
+    using Block = block_iq3_xxs_r16;
+    static constexpr const int8_t* VALUES = kvalues_iq3xxs_r16;
+    static constexpr float FACTOR = 0.25f;  // (iq3_xxs: weight = d / 4 * scale * value)
+    static constexpr gemm_fn REF = &gemm_iq3_xxs_r16_ref;
+};
+
+template <class C>
+struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
+    using Base = R16LowScratch<TileCodes4R16<C>, UnpackedCodes4>;
+    using Block = typename C::Block;
+    static constexpr gemm_fn ref = C::REF;
     static constexpr bool GROUP_SCRATCH = true;
 
     // the values of group j's word t of half h (hi: the high nibbles)
-    __attribute__((always_inline)) static __m256i unpack(const block_iq4_xs_r16& p, int h, int j, int t, bool hi) {
+    __attribute__((always_inline)) static __m256i unpack(const Block& p, int h, int j, int t, bool hi) {
         const __m256i q = _mm256_loadu_si256((const __m256i*)p.qs[j][t][8 * h]);
         const __m256i nib = _mm256_and_si256(hi ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f));
-        return lookup16(nib, kvalues_iq4nl);
+        return lookup16(nib, C::VALUES);
     }
 
     template <int G, Prefetch PF, bool SCRATCH>
-    __attribute__((always_inline)) static void group(const block_iq4_xs_r16& p, int h, int j, const block_q8_K* const* xs,
+    __attribute__((always_inline)) static void group(const Block& p, int h, int j, const block_q8_K* const* xs,
                                                      int64_t s, __m256i* isum) {
-        prefetch_part<PF>(&p, h, j);
+        Base::template prefetch_part<PF>(&p, h, j);
         // dword lane r: group j's scale of row 8h + r in both int16 halves
         const __m256i sc32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p.sc[j] + 8 * h)));
         const __m256i sc = _mm256_blend_epi16(sc32, _mm256_slli_epi32(sc32, 16), 0xAA);
-        const UnpackedIQ4XS& un = scratch();
+        const UnpackedCodes4& un = Base::scratch();
         const auto word = [&](int i) __attribute__((always_inline)) {  // i: word t = i % 4, high nibbles from 4
             const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : unpack(p, h, j, i % 4, i >= 4);
             const __m256i mag = _mm256_abs_epi8(w);
@@ -686,8 +702,8 @@ struct TileIQ4XSR16 : R16LowScratch<TileIQ4XSR16, UnpackedIQ4XS> {
             for (int i = 0; i < 8; i++) word(i);
         }
     }
-    static void unpack_all(const block_iq4_xs_r16& p) {
-        UnpackedIQ4XS& un = scratch();
+    static void unpack_all(const Block& p) {
+        UnpackedCodes4& un = Base::scratch();
         for (int h = 0; h < 2; h++)
             for (int j = 0; j < 8; j++)
                 for (int i = 0; i < 8; i++) un.w[h][j][i] = unpack(p, h, j, i % 4, i >= 4);
@@ -696,13 +712,14 @@ struct TileIQ4XSR16 : R16LowScratch<TileIQ4XSR16, UnpackedIQ4XS> {
     // Super-block s of the 16 rows at p for G tokens: acc[16 g + r] += its share of row r's dot with token g
     // (SCRATCH: the values from scratch(), which unpack_all filled from p).
     template <int G, Prefetch PF, bool SCRATCH = false>
-    static void superblock(const block_iq4_xs_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*,
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*,
                            float* acc) {
         for (int h = 0; h < 2; h++) {
             __m256i isum[G];
             for (int g = 0; g < G; g++) isum[g] = _mm256_setzero_si256();
             for (int j = 0; j < 8; j++) group<G, PF, SCRATCH>(p, h, j, xs, s, isum);
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.d + 8 * h)));
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.d + 8 * h)));
+            if constexpr (C::FACTOR != 1.f) d = _mm256_mul_ps(d, _mm256_set1_ps(C::FACTOR));
             for (int g = 0; g < G; g++) {
                 float* a = acc + 16 * g + 8 * h;
                 _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]),
@@ -711,6 +728,8 @@ struct TileIQ4XSR16 : R16LowScratch<TileIQ4XSR16, UnpackedIQ4XS> {
         }
     }
 };
+using TileIQ4XSR16 = TileCodes4R16<CodesIQ4XS>;
+using TileIQ3XXSR16 = TileCodes4R16<CodesIQ3XXS>;
 
 // ---- blocks of 32 ----
 
