@@ -40,12 +40,13 @@ enum class Type : int32_t {
     // Not a GGUF type: q4_K rows repacked at load in groups of 16 (block_q4_K_r16), for kernels that keep
     // one weight row per vector lane. Never read from or written to a file (type_table leaves it out).
     Q4_K_R16 = 1012,
-    // Not GGUF types either: q3_K, q5_K, q6_K, iq4_xs and iq3_xxs rows repacked at load in groups of 16
-    // (block_q3_K_r16, block_q5_K_r16, block_q6_K_r16, block_iq4_xs_r16, block_iq3_xxs_r16).
+    // Not GGUF types either: q3_K, q5_K, q6_K, iq4_xs, iq3_xxs and iq3_s rows repacked at load in groups of 16
+    // (block_q3_K_r16, block_q5_K_r16, block_q6_K_r16, block_iq4_xs_r16, block_iq3_xxs_r16, block_iq3_s_r16).
     Q3_K_R16 = 1011,
     Q5_K_R16 = 1013,
     Q6_K_R16 = 1014,
     IQ3_XXS_R16 = 1018,
+    IQ3_S_R16 = 1021,
     IQ4_XS_R16 = 1023,
 };
 
@@ -175,6 +176,16 @@ struct block_iq3_xxs_r16 {
     uint8_t qs[8][4][16][4];  // [group j][word t][row][byte i]: codes as block_iq4_xs_r16's nibbles
 };
 static_assert(sizeof(block_iq3_xxs_r16) == 16 * 138, "block_iq3_xxs_r16 is 2208 bytes");
+
+// 16 rows of one iq3_s super-block, transcoded as iq3_xxs (block_iq3_xxs_r16's layout): bits 0-2 of a code
+// which of iq3s_grid's 8 magnitudes 1, 3, ..., 15 (2 i + 1), bit 3 the weight's sign bit (kvalues_iq3s_r16),
+// sc[j][row] group j's scale 2 s + 1, d the file's (weight = d * sc * value). 138 bytes per row against 110.
+struct block_iq3_s_r16 {
+    uint16_t d[16];           // fp16, per row
+    int8_t sc[8][16];         // [group j][row]: 2 s + 1
+    uint8_t qs[8][4][16][4];  // [group j][word t][row][byte i]: codes as block_iq4_xs_r16's nibbles
+};
+static_assert(sizeof(block_iq3_s_r16) == 16 * 138, "block_iq3_s_r16 is 2208 bytes");
 
 // As q4_K with a fifth bit per weight in qh (bit 2c / 2c+1 for chunk c, low / high nibble).
 struct block_q5_K {
@@ -526,6 +537,24 @@ inline void r16_put(const block_iq4_xs& b, int r, block_iq4_xs_r16& p) {
 // The signed value of each 4-bit code of block_iq3_xxs_r16.
 alignas(16) static const int8_t kvalues_iq3xxs_r16[16] = {4, 12, 20, 28, 36, 44, 52, 62, -4, -12, -20, -28, -36, -44, -52, -62};
 
+// The signed value of each 4-bit code of block_iq3_s_r16.
+alignas(16) static const int8_t kvalues_iq3s_r16[16] = {1, 3, 5, 7, 9, 11, 13, 15, -1, -3, -5, -7, -9, -11, -13, -15};
+
+// 32 codes of group j (weights 32 j ..) into / out of block_iq4_xs_r16's nibble layout in lane r.
+template <typename Packed>
+inline void r16_put_codes(const uint8_t code[32], int j, int r, Packed& p) {
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 4; i++) p.qs[j][t][r][i] = (uint8_t)(code[4 * t + i] | (code[16 + 4 * t + i] << 4));
+}
+template <typename Packed>
+inline void r16_codes(const Packed& p, int j, int r, uint8_t code[32]) {
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 4; i++) {
+            code[4 * t + i] = p.qs[j][t][r][i] & 0xf;
+            code[16 + 4 * t + i] = p.qs[j][t][r][i] >> 4;
+        }
+}
+
 // iq3_xxs magnitudes as 3-bit indices: iq3xxs_grid's bytes are 4, 12, ..., 52 (8 i + 4) and 62.
 inline int iq3xxs_mag_index(int v) { return v == 62 ? 7 : (v - 4) / 8; }
 // The grid entry of 4 magnitude indices (bits 3 i .. 3 i + 2 for byte i): the inverse of iq3xxs_grid.
@@ -560,8 +589,7 @@ inline void r16_put(const block_iq3_xxs& b, int r, block_iq3_xxs_r16& p) {
                 }
             }
         }
-        for (int t = 0; t < 4; t++)
-            for (int i = 0; i < 4; i++) p.qs[j][t][r][i] = (uint8_t)(code[4 * t + i] | (code[16 + 4 * t + i] << 4));
+        r16_put_codes(code, j, r, p);
         p.sc[j][r] = (int8_t)(2 * (aux >> 28) + 1);
     }
 }
@@ -571,11 +599,7 @@ inline void r16_row(const block_iq3_xxs_r16& p, int r, block_iq3_xxs& b) {
     const auto& index = iq3xxs_grid_index();
     for (int j = 0; j < 8; j++) {
         uint8_t code[32];
-        for (int t = 0; t < 4; t++)
-            for (int i = 0; i < 4; i++) {
-                code[4 * t + i] = p.qs[j][t][r][i] & 0xf;
-                code[16 + 4 * t + i] = p.qs[j][t][r][i] >> 4;
-            }
+        r16_codes(p, j, r, code);
         uint32_t aux = (uint32_t)((p.sc[j][r] - 1) / 2) << 28;
         for (int l = 0; l < 4; l++) {
             int signs = 0;
@@ -591,6 +615,61 @@ inline void r16_row(const block_iq3_xxs_r16& p, int r, block_iq3_xxs& b) {
             aux |= (uint32_t)(signs & 127) << (7 * l);  // (bit 7 is the parity of the 7: ksigns_iq2xs)
         }
         std::memcpy(b.qs + 64 + 4 * j, &aux, 4);
+    }
+}
+
+// The 9-bit iq3s_grid entry of 4 magnitude indices (bits 3 i .. 3 i + 2 for byte i; magnitude 2 m + 1).
+inline const std::array<uint16_t, 4096>& iq3s_grid_index() {
+    static const std::array<uint16_t, 4096> t = [] {
+        std::array<uint16_t, 4096> out{};
+        for (int e = 0; e < 512; e++) {
+            int key = 0;
+            for (int i = 0; i < 4; i++) key |= (int)(((iq3s_grid[e] >> (8 * i)) & 0xff) >> 1) << (3 * i);
+            out[(size_t)key] = (uint16_t)e;
+        }
+        return out;
+    }();
+    return t;
+}
+
+// Row r's iq3_s block into a transcoded super-block (the codes as block_iq3_xxs_r16's).
+inline void r16_put(const block_iq3_s& b, int r, block_iq3_s_r16& p) {
+    p.d[r] = b.d;
+    for (int j = 0; j < 8; j++) {
+        uint8_t code[32];
+        for (int w = 0; w < 32; w++) {
+            const int i = 8 * j + w / 4;  // the weight's 4-group
+            const uint32_t g = iq3s_grid[b.qs[i] | (((b.qh[i / 8] >> (i % 8)) & 1) << 8)];
+            const int k = 32 * j + w;
+            code[w] = (uint8_t)((((g >> (8 * (w % 4))) & 0xff) >> 1) | (((b.signs[k / 8] >> (k % 8)) & 1) << 3));
+        }
+        r16_put_codes(code, j, r, p);
+        p.sc[j][r] = (int8_t)(2 * ((b.scales[j / 2] >> (4 * (j % 2))) & 0xf) + 1);
+    }
+}
+// Row r of a transcoded iq3_s super-block as the file holds it (block_iq3_s, byte for byte).
+inline void r16_row(const block_iq3_s_r16& p, int r, block_iq3_s& b) {
+    b.d = p.d[r];
+    std::memset(b.qh, 0, sizeof b.qh);
+    std::memset(b.signs, 0, sizeof b.signs);
+    std::memset(b.scales, 0, sizeof b.scales);
+    const auto& index = iq3s_grid_index();
+    for (int j = 0; j < 8; j++) {
+        uint8_t code[32];
+        r16_codes(p, j, r, code);
+        for (int e = 0; e < 8; e++) {
+            const int i = 8 * j + e;
+            int key = 0;
+            for (int w = 0; w < 4; w++) key |= (code[4 * e + w] & 7) << (3 * w);
+            const int idx = index[(size_t)key];
+            b.qs[i] = (uint8_t)(idx & 0xff);
+            b.qh[i / 8] |= (uint8_t)((idx >> 8) << (i % 8));
+        }
+        for (int w = 0; w < 32; w++) {
+            const int k = 32 * j + w;
+            b.signs[k / 8] |= (uint8_t)((code[w] >> 3) << (k % 8));
+        }
+        b.scales[j / 2] |= (uint8_t)(((p.sc[j][r] - 1) / 2) << (4 * (j % 2)));
     }
 }
 

@@ -641,7 +641,8 @@ struct TileQ5KR16 : R16SumsInMemory<TileQ5KR16> {
     }
 };
 
-// iq4_xs (block_iq4_xs_r16) and iq3_xxs transcoded (block_iq3_xxs_r16, the same layout with other values): per
+// iq4_xs (block_iq4_xs_r16), iq3_xxs and iq3_s transcoded (block_iq3_xxs_r16, block_iq3_s_r16: the same layout
+// with other values): per
 // half, group j (32 weights) and word t: the low nibbles (weights 32 j + 4 t .. + 3 of 8 rows) and the high
 // ones (+ 16) looked up in the format's 16 values (vpshufb) as signed bytes, their magnitudes against the
 // token's 4 activations broadcast with the weights' signs (vpsignb), vpmaddubsw and at once vpmaddwd by each
@@ -728,8 +729,15 @@ struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
         }
     }
 };
+struct CodesIQ3S {
+    using Block = block_iq3_s_r16;
+    static constexpr const int8_t* VALUES = kvalues_iq3s_r16;
+    static constexpr float FACTOR = 1.f;
+    static constexpr gemm_fn REF = &gemm_iq3_s_r16_ref;
+};
 using TileIQ4XSR16 = TileCodes4R16<CodesIQ4XS>;
 using TileIQ3XXSR16 = TileCodes4R16<CodesIQ3XXS>;
+using TileIQ3SR16 = TileCodes4R16<CodesIQ3S>;
 
 // ---- blocks of 32 ----
 

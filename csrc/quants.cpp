@@ -414,6 +414,7 @@ const TypeInfo TYPES[] = {
     {Type::Q6_K_R16, "q6_k_r16", QK_K, (int)sizeof(block_q6_K_r16) / R16},
     {Type::Q5_K_R16, "q5_k_r16", QK_K, (int)sizeof(block_q5_K_r16) / R16},
     {Type::IQ3_XXS_R16, "iq3_xxs_r16", QK_K, (int)sizeof(block_iq3_xxs_r16) / R16},
+    {Type::IQ3_S_R16, "iq3_s_r16", QK_K, (int)sizeof(block_iq3_s_r16) / R16},
 };
 
 }  // namespace
@@ -487,6 +488,12 @@ void repack_iq3_xxs_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, in
 void dequantize_iq3_xxs_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
     dequantize_r16_rows<block_iq3_xxs_r16, block_iq3_xxs>(Type::IQ3_XXS, src, dst, n_groups, k);
 }
+void repack_iq3_s_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    repack_r16_rows<block_iq3_s_r16, block_iq3_s>(src, src_row_bytes, g0, g1, k, dst);
+}
+void dequantize_iq3_s_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
+    dequantize_r16_rows<block_iq3_s_r16, block_iq3_s>(Type::IQ3_S, src, dst, n_groups, k);
+}
 
 void dequantize_q4_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
     const int64_t nsb = k / QK_K;
@@ -543,6 +550,7 @@ ActFormat act_format(Type t) {
         case Type::Q6_K_R16:
         case Type::Q5_K_R16:
         case Type::IQ3_XXS_R16:
+        case Type::IQ3_S_R16:
         case Type::Q2_K:
         case Type::Q3_K:
         case Type::IQ4_XS:
@@ -622,6 +630,7 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
             case Type::Q6_K_R16:
             case Type::Q5_K_R16:
             case Type::IQ3_XXS_R16:
+            case Type::IQ3_S_R16:
                 break;
             default:  // the low-bit formats with a quantizer (has_quantizer); callers refuse the others
                 quantize_row_lowbit(t, x, y, k);
@@ -653,6 +662,10 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
     }
     if (t == Type::IQ3_XXS_R16) {
         dequantize_iq3_xxs_r16((const uint8_t*)src, dst, n_rows / R16, k);
+        return;
+    }
+    if (t == Type::IQ3_S_R16) {
+        dequantize_iq3_s_r16((const uint8_t*)src, dst, n_rows / R16, k);
         return;
     }
     const TypeInfo* ti = type_info((int32_t)t);
@@ -691,6 +704,7 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
             case Type::Q6_K_R16:
             case Type::Q5_K_R16:
             case Type::IQ3_XXS_R16:
+            case Type::IQ3_S_R16:
                 break;
             default:
                 dequantize_row_lowbit(t, x, y, k);

@@ -54,6 +54,9 @@ void dequantize_iq4_xs_r16(const uint8_t* src, float* dst, int64_t n_groups, int
 // iq3_xxs rows in groups of 16 -> block_iq3_xxs_r16 (4-bit codes; row share 138 bytes against 98). Lossless.
 void repack_iq3_xxs_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
 void dequantize_iq3_xxs_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
+// iq3_s rows in groups of 16 -> block_iq3_s_r16 (4-bit codes; row share 138 bytes against 110). Lossless.
+void repack_iq3_s_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
+void dequantize_iq3_s_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
 // q5_K rows in groups of 16 -> block_q5_K_r16 (row share 180 bytes). Lossless.
 void repack_q5_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
 void dequantize_q5_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
