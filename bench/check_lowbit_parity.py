@@ -108,7 +108,8 @@ def rms_err(a, b) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-bin", type=Path, required=True, help="folder with llama-quantize, llama-imatrix, llama_logits")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/clover-lowbit-parity"))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/clover-lowbit-parity"),
+                    help="where the files are made and kept for the next run, in a folder per --model")
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--threads", type=int, default=2)
@@ -121,6 +122,7 @@ def main(argv=None) -> int:
     import clover_cpu
     from clover_cpu.gguf_file import GGUFFile
 
+    a.work = a.work / a.model  # (each model's files apart: a file kept from the other would be reused)
     a.work.mkdir(parents=True, exist_ok=True)
     text = a.work / "calib.txt"
     text.write_text("\n".join(p.read_text(encoding="utf-8") for p in sorted(realfiles.llama_cpp().glob(
