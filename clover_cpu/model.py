@@ -306,9 +306,8 @@ class Model:
         # q6_k too: its repacked tile is 1.5x as fast as the file layout's at one token and 1.4-3x at 2-8
         # (the expert products of decoding steps and of batched sequences), ~20% slower from 64 tokens
         # (prefill), where a whole forward lost ~1.5% (bench/NOTES.md, 2026-12-06: q6_K layer weights and
-        # q5_K repacked too). iq3_xxs grows to 1.4x its bytes (4-bit codes) for 2.5x the speed at one token
-        # (kbench; ~3% slower from 64 tokens), iq3_s to 1.25x for 3.5x at one token, 1.8x at 4 (~30% slower
-        # from 64 tokens: prefill).
+        # q5_K repacked too). iq3_xxs grows to 1.4x its bytes (4-bit codes) for 2.8x the speed at one token
+        # (kbench), iq3_s to 1.25x for 3.9x (both also faster at 4 and 64 tokens).
         head = [self.output] if self.output is not self.embed else []
         layers = [w for L in self.layers for w in L.values()]
         ws = [w for w in layers + head

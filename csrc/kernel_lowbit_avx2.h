@@ -645,9 +645,9 @@ struct TileQ5KR16 : R16SumsInMemory<TileQ5KR16> {
 // with other values): per
 // half, group j (32 weights) and word t: the low nibbles (weights 32 j + 4 t .. + 3 of 8 rows) and the high
 // ones (+ 16) looked up in the format's 16 values (vpshufb) as signed bytes, their magnitudes against the
-// token's 4 activations broadcast with the weights' signs (vpsignb), vpmaddubsw and at once vpmaddwd by each
-// row's group scale (pairs (sc, sc)): two products of |q| <= 127 could overflow an int16 sum. One float
-// multiply-add per half and token: d x factor x d_x.
+// token's 4 activations broadcast with the weights' signs (vpsignb), vpmaddubsw, C::CHAIN words summed in int16
+// (iq4_xs none: two products of |q| <= 127 could overflow; iq3_xxs 2 words, iq3_s 8), then vpmaddwd by each
+// row's group scale (pairs (sc, sc)). One float multiply-add per half and token: d x factor x d_x.
 struct alignas(32) UnpackedCodes4 {
     __m256i w[2][8][8];  // [half][group j][word t, then t + 4 for the high nibbles]: the values
 };
@@ -656,12 +656,14 @@ struct CodesIQ4XS {
     static constexpr const int8_t* VALUES = kvalues_iq4nl;
     static constexpr float FACTOR = 1.f;
     static constexpr gemm_fn REF = &gemm_iq4_xs_r16_ref;
+    static constexpr int CHAIN = 1;  // words per int16 sum: a vpmaddubsw pair reaches 2 x 127 x 127
 };
 struct CodesIQ3XXS {
     using Block = block_iq3_xxs_r16;
     static constexpr const int8_t* VALUES = kvalues_iq3xxs_r16;
     static constexpr float FACTOR = 0.25f;  // (iq3_xxs: weight = d / 4 * scale * value)
     static constexpr gemm_fn REF = &gemm_iq3_xxs_r16_ref;
+    static constexpr int CHAIN = 2;  // 2 x 2 x 62 x 127 < 2^15
 };
 
 template <class C>
@@ -686,21 +688,28 @@ struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
         const __m256i sc32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p.sc[j] + 8 * h)));
         const __m256i sc = _mm256_blend_epi16(sc32, _mm256_slli_epi32(sc32, 16), 0xAA);
         const UnpackedCodes4& un = Base::scratch();
-        const auto word = [&](int i) __attribute__((always_inline)) {  // i: word t = i % 4, high nibbles from 4
-            const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : unpack(p, h, j, i % 4, i >= 4);
-            const __m256i mag = _mm256_abs_epi8(w);
-            for (int g = 0; g < G; g++) {
-                int32_t a;
-                std::memcpy(&a, xs[g][s].qs + 32 * j + 16 * (i / 4) + 4 * (i % 4), 4);
-                const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(a), w);
-                isum[g] = _mm256_add_epi32(isum[g], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, x), sc));
+        // words i0 .. i0 + CHAIN - 1 (i: word t = i % 4, high nibbles from 4): their vpmaddubsw pairs summed in
+        // int16, then one vpmaddwd by the group's scale
+        const auto words = [&](int i0) __attribute__((always_inline)) {
+            __m256i s16[G];
+            for (int c = 0; c < C::CHAIN; c++) {
+                const int i = i0 + c;
+                const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : unpack(p, h, j, i % 4, i >= 4);
+                const __m256i mag = _mm256_abs_epi8(w);
+                for (int g = 0; g < G; g++) {
+                    int32_t a;
+                    std::memcpy(&a, xs[g][s].qs + 32 * j + 16 * (i / 4) + 4 * (i % 4), 4);
+                    const __m256i pr = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(_mm256_set1_epi32(a), w));
+                    s16[g] = c == 0 ? pr : _mm256_add_epi16(s16[g], pr);
+                }
             }
+            for (int g = 0; g < G; g++) isum[g] = _mm256_add_epi32(isum[g], _mm256_madd_epi16(s16[g], sc));
         };
         if constexpr (!SCRATCH) {
-            for (int i = 0; i < 8; i++) word(i);
+            for (int i0 = 0; i0 < 8; i0 += C::CHAIN) words(i0);
         } else {
 #pragma GCC unroll 1
-            for (int i = 0; i < 8; i++) word(i);
+            for (int i0 = 0; i0 < 8; i0 += C::CHAIN) words(i0);
         }
     }
     static void unpack_all(const Block& p) {
@@ -734,6 +743,7 @@ struct CodesIQ3S {
     static constexpr const int8_t* VALUES = kvalues_iq3s_r16;
     static constexpr float FACTOR = 1.f;
     static constexpr gemm_fn REF = &gemm_iq3_s_r16_ref;
+    static constexpr int CHAIN = 8;  // a group's 8 words: 8 x 2 x 15 x 127 < 2^15
 };
 using TileIQ4XSR16 = TileCodes4R16<CodesIQ4XS>;
 using TileIQ3XXSR16 = TileCodes4R16<CodesIQ3XXS>;
