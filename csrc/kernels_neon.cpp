@@ -546,35 +546,18 @@ inline void or_fifth_bits(const uint8_t qh[4], uint8x16_t q[2]) {
     }
 }
 
-struct Low32Q4_1 {
-    using Block = block_q4_1;
+// q4_1, q5_1 (unsigned codes: weight = d q + m; q5_1 with a fifth bit) and q5_0 (q - 16 with the fifth bit)
+template <typename B, bool FIFTH, int OFFSET>
+struct Low32Bits {
+    using Block = B;
     static void load(const Block& b, int8x16_t w[2]) {
         uint8x16_t q[2];
         nibbles2(b.qs, q);
-        w[0] = vreinterpretq_s8_u8(q[0]);
-        w[1] = vreinterpretq_s8_u8(q[1]);
-    }
-    static float d(const Block& b) { return half_f32(b.d); }
-};
-struct Low32Q5_1 {
-    using Block = block_q5_1;
-    static void load(const Block& b, int8x16_t w[2]) {
-        uint8x16_t q[2];
-        nibbles2(b.qs, q);
-        or_fifth_bits(b.qh, q);
-        w[0] = vreinterpretq_s8_u8(q[0]);
-        w[1] = vreinterpretq_s8_u8(q[1]);
-    }
-    static float d(const Block& b) { return half_f32(b.d); }
-};
-struct Low32Q5_0 {
-    using Block = block_q5_0;
-    static void load(const Block& b, int8x16_t w[2]) {
-        uint8x16_t q[2];
-        nibbles2(b.qs, q);
-        or_fifth_bits(b.qh, q);
-        w[0] = vsubq_s8(vreinterpretq_s8_u8(q[0]), vdupq_n_s8(16));
-        w[1] = vsubq_s8(vreinterpretq_s8_u8(q[1]), vdupq_n_s8(16));
+        if constexpr (FIFTH) or_fifth_bits(b.qh, q);
+        for (int h = 0; h < 2; h++) {
+            w[h] = vreinterpretq_s8_u8(q[h]);
+            if constexpr (OFFSET != 0) w[h] = vsubq_s8(w[h], vdupq_n_s8(OFFSET));
+        }
     }
     static float d(const Block& b) { return half_f32(b.d); }
 };
@@ -652,11 +635,11 @@ using TileIQ3_XXS = TileLow256<LowNIQ3XXS>::T<RM, RN>;
 template <int RM, int RN>
 using TileIQ3_S = TileLow256<LowNIQ3S>::T<RM, RN>;
 template <int RM, int RN>
-using TileQ4_1 = TileLow32<Low32Q4_1>::T<RM, RN>;
+using TileQ4_1 = TileLow32<Low32Bits<block_q4_1, false, 0>>::T<RM, RN>;
 template <int RM, int RN>
-using TileQ5_0 = TileLow32<Low32Q5_0>::T<RM, RN>;
+using TileQ5_0 = TileLow32<Low32Bits<block_q5_0, true, 16>>::T<RM, RN>;
 template <int RM, int RN>
-using TileQ5_1 = TileLow32<Low32Q5_1>::T<RM, RN>;
+using TileQ5_1 = TileLow32<Low32Bits<block_q5_1, true, 0>>::T<RM, RN>;
 template <int RM, int RN>
 using TileIQ4_NL = TileLow32<Low32Table<block_iq4_nl, kvalues_iq4nl>>::T<RM, RN>;
 template <int RM, int RN>
