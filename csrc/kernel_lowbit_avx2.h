@@ -651,20 +651,6 @@ struct TileQ5KR16 : R16SumsInMemory<TileQ5KR16> {
 struct alignas(32) UnpackedCodes4 {
     __m256i w[2][8][8];  // [half][group j][word t, then t + 4 for the high nibbles]: the values
 };
-struct CodesIQ4XS {
-    using Block = block_iq4_xs_r16;
-    static constexpr const int8_t* VALUES = kvalues_iq4nl;
-    static constexpr float FACTOR = 1.f;
-    static constexpr gemm_fn REF = &gemm_iq4_xs_r16_ref;
-    static constexpr int CHAIN = 1;  // words per int16 sum: a vpmaddubsw pair reaches 2 x 127 x 127
-};
-struct CodesIQ3XXS {
-    using Block = block_iq3_xxs_r16;
-    static constexpr const int8_t* VALUES = kvalues_iq3xxs_r16;
-    static constexpr float FACTOR = 0.25f;  // (iq3_xxs: weight = d / 4 * scale * value)
-    static constexpr gemm_fn REF = &gemm_iq3_xxs_r16_ref;
-    static constexpr int CHAIN = 2;  // 2 x 2 x 62 x 127 < 2^15
-};
 
 template <class C>
 struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
@@ -737,13 +723,6 @@ struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
             }
         }
     }
-};
-struct CodesIQ3S {
-    using Block = block_iq3_s_r16;
-    static constexpr const int8_t* VALUES = kvalues_iq3s_r16;
-    static constexpr float FACTOR = 1.f;
-    static constexpr gemm_fn REF = &gemm_iq3_s_r16_ref;
-    static constexpr int CHAIN = 8;  // a group's 8 words: 8 x 2 x 15 x 127 < 2^15
 };
 using TileIQ4XSR16 = TileCodes4R16<CodesIQ4XS>;
 using TileIQ3XXSR16 = TileCodes4R16<CodesIQ3XXS>;

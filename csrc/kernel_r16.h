@@ -153,5 +153,30 @@ void gemm_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
     }
 }
 
+// The formats of block_iq4_xs_r16's layout (kernel_lowbit_avx2.h's and kernels_neon.cpp's TileCodes4R16): the
+// repacked block, the 16 signed values of the 4-bit codes, the factor of d, the reference product, and how
+// many words' vpmaddubsw pairs the AVX2 tile may add in int16 (CHAIN).
+struct CodesIQ4XS {
+    using Block = block_iq4_xs_r16;
+    static constexpr const int8_t* VALUES = kvalues_iq4nl;
+    static constexpr float FACTOR = 1.f;
+    static constexpr gemm_fn REF = &gemm_iq4_xs_r16_ref;
+    static constexpr int CHAIN = 1;  // words per int16 sum: a vpmaddubsw pair reaches 2 x 127 x 127
+};
+struct CodesIQ3XXS {
+    using Block = block_iq3_xxs_r16;
+    static constexpr const int8_t* VALUES = kvalues_iq3xxs_r16;
+    static constexpr float FACTOR = 0.25f;  // (iq3_xxs: weight = d / 4 * scale * value)
+    static constexpr gemm_fn REF = &gemm_iq3_xxs_r16_ref;
+    static constexpr int CHAIN = 2;  // 2 x 2 x 62 x 127 < 2^15
+};
+struct CodesIQ3S {
+    using Block = block_iq3_s_r16;
+    static constexpr const int8_t* VALUES = kvalues_iq3s_r16;
+    static constexpr float FACTOR = 1.f;
+    static constexpr gemm_fn REF = &gemm_iq3_s_r16_ref;
+    static constexpr int CHAIN = 8;  // a group's 8 words: 8 x 2 x 15 x 127 < 2^15
+};
+
 }  // namespace
 }  // namespace clover

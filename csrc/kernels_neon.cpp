@@ -4,7 +4,8 @@
 // Built twice: as is for Armv8.0 (int8 products with vmull_s8 + vpadalq_s16), and by
 // kernels_neon_dotprod.cpp, the only file compiled with -march=armv8.2-a+dotprod (sdot, vdotq_s32).
 // kernels_neon() picks one of the two tables once, from cpu_features().dotprod. Only the dot-product build
-// multiplies q4_K weights repacked at load (block_q4_K_r16, TileR16 below): the loader repacks for it alone.
+// multiplies weights repacked at load (q4_K: block_q4_K_r16, TileR16 below; iq4_xs, and iq3_xxs / iq3_s
+// transcoded: TileCodes4R16): the loader repacks for it alone.
 // The low-bit and legacy formats (q2_K, q3_K, iq4_xs, the i-quant grids, q4_1, q5_0, q5_1, iq4_nl, mxfp4) run
 // on the file's layout in both builds (TileLow256, TileLow32), bit for bit the reference's results.
 #include <arm_neon.h>
@@ -744,6 +745,81 @@ struct TileR16 : R16SumsInMemory<TileR16> {
         }
     }
 };
+
+// iq4_xs repacked (block_iq4_xs_r16) and iq3_xxs / iq3_s transcoded into its layout (block_iq3_xxs_r16,
+// block_iq3_s_r16; kernel_r16.h's Codes*): per group j (32 weights) and word t, each quad of 4 rows' 4
+// codes looked up in the format's 16 signed values (vqtbl1q_s8) and multiplied by sdot by element against
+// the token's 4 activations of that word, the low nibbles (weights 32 j + 4 t ..) and the high ones (+ 16)
+// in two chains; each group's sums times the rows' scales in int32 (|sum| <= 32 x 127 x 127 x 63), then the
+// reference's float expression per super-block (x.d x d x factor x sum), so the results equal kernels_ref's
+// bit for bit with -ffp-contract=off.
+template <class C>
+struct TileCodes4R16 : R16SumsInMemory<TileCodes4R16<C>> {
+    using Block = typename C::Block;
+    static constexpr bool PAIRS = false;
+    static constexpr gemm_fn ref = C::REF;
+    static constexpr int GMAX = 2;
+
+    template <Prefetch PF>
+    static void prefetch(const void* p) {
+        prefetch_r16<PF, 2048, 8192>(p);
+    }
+
+    // Word t of group j for G tokens: 4 quads x (low, high) x G sdot.
+    template <int G, int T, Prefetch PF>
+    static void word(const Block& p, int j, int8x16_t values, const int8x16_t* xl, const int8x16_t* xh,
+                     int32x4_t (*sl)[4], int32x4_t (*sh)[4]) {
+        const uint8_t* w = p.qs[j][T][0];  // the word's 16 rows: 64 bytes
+        prefetch<PF>(w);
+        for (int q = 0; q < 4; q++) {
+            const uint8x16_t v = vld1q_u8(w + 16 * q);
+            const int8x16_t lo = vqtbl1q_s8(values, vandq_u8(v, vdupq_n_u8(0x0f)));
+            const int8x16_t hi = vqtbl1q_s8(values, vshrq_n_u8(v, 4));
+            for (int g = 0; g < G; g++) {
+                sl[g][q] = vdotq_laneq_s32(sl[g][q], lo, xl[g], T);
+                sh[g][q] = vdotq_laneq_s32(sh[g][q], hi, xh[g], T);
+            }
+        }
+    }
+
+    // Super-block s of the 16 rows at p for G tokens: acc[16 g + r] += its share of row r's dot with token g.
+    template <int G, Prefetch PF>
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*, float* acc) {
+        const int8x16_t values = vld1q_s8(C::VALUES);
+        int32x4_t sq[G][4];  // sum over groups of scale x dot, per row
+        for (int g = 0; g < G; g++)
+            for (int q = 0; q < 4; q++) sq[g][q] = vdupq_n_s32(0);
+        for (int j = 0; j < 8; j++) {
+            int32x4_t sl[G][4], sh[G][4];
+            int8x16_t xl[G], xh[G];
+            for (int g = 0; g < G; g++) {
+                for (int q = 0; q < 4; q++) sl[g][q] = sh[g][q] = vdupq_n_s32(0);
+                xl[g] = vld1q_s8(xs[g][s].qs + 32 * j);
+                xh[g] = vld1q_s8(xs[g][s].qs + 32 * j + 16);
+            }
+            word<G, 0, PF>(p, j, values, xl, xh, sl, sh);
+            word<G, 1, PF>(p, j, values, xl, xh, sl, sh);
+            word<G, 2, PF>(p, j, values, xl, xh, sl, sh);
+            word<G, 3, PF>(p, j, values, xl, xh, sl, sh);
+            // the 16 rows' scales of group j as int32, 4 per quad
+            const int8x16_t b = vld1q_s8(p.sc[j]);
+            const int16x8_t h[2] = {vmovl_s8(vget_low_s8(b)), vmovl_high_s8(b)};
+            for (int q = 0; q < 4; q++) {
+                const int32x4_t sc = q % 2 ? vmovl_high_s16(h[q / 2]) : vmovl_s16(vget_low_s16(h[q / 2]));
+                for (int g = 0; g < G; g++) sq[g][q] = vmlaq_s32(sq[g][q], vaddq_s32(sl[g][q], sh[g][q]), sc);
+            }
+        }
+        for (int q = 0; q < 4; q++) {
+            float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p.d + 4 * q)));
+            if constexpr (C::FACTOR != 1.f) d = vmulq_n_f32(d, C::FACTOR);
+            for (int g = 0; g < G; g++) {
+                float* a = acc + 16 * g + 4 * q;
+                const float32x4_t v = vmulq_f32(vmulq_n_f32(d, xs[g][s].d), vcvtq_f32_s32(sq[g][q]));
+                vst1q_f32(a, vaddq_f32(vld1q_f32(a), v));
+            }
+        }
+    }
+};
 #endif
 
 Kernels make_neon() {
@@ -777,6 +853,11 @@ Kernels make_neon() {
     k.gemm_iq2_s = gemm_tiled<TileIQ2_S, 4, 2>;
     k.gemm_iq3_xxs = gemm_tiled<TileIQ3_XXS, 4, 2>;
     k.gemm_iq3_s = gemm_tiled<TileIQ3_S, 4, 2>;
+#if defined(CLOVER_NEON_DOTPROD)
+    k.gemm_iq4_xs_r16 = gemm_r16<TileCodes4R16<CodesIQ4XS>>;
+    k.gemm_iq3_xxs_r16 = gemm_r16<TileCodes4R16<CodesIQ3XXS>>;
+    k.gemm_iq3_s_r16 = gemm_r16<TileCodes4R16<CodesIQ3S>>;
+#endif
     return k;
 }
 

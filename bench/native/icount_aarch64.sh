@@ -85,13 +85,13 @@ for entry in sys.argv[6:6 + n]:
 formats = []
 if sys.argv[6 + n:]:
     print(f"\n(per 256 weights of a row and token; {rows} rows x {k})")
-    print(f"{'format':>8} {'tokens':>6} {'neon':>8} {'ref':>8} {'ratio':>6}")
+    print(f"{'format':>11} {'tokens':>6} {'neon':>8} {'ref':>8} {'ratio':>6}")
 for entry in sys.argv[6 + n:]:
     name, m, a, b = entry.split()
     m, a, b = int(m), int(a), int(b)
     formats.append({"format": name, "tokens": m, "neon": round(per(a, m), 1), "ref": round(per(b, m), 1),
                     "ratio": round(b / a, 2)})
-    print(f"{name:>8} {m:>6} {per(a, m):>8.1f} {per(b, m):>8.1f} {b / a:>5.2f}x")
+    print(f"{name:>11} {m:>6} {per(a, m):>8.1f} {per(b, m):>8.1f} {b / a:>5.2f}x")
 if out:
     with open(out, "w") as f:
         json.dump({"isa": "neon+dotprod (qemu-aarch64 -cpu max)", "rows": rows, "k": k, "unit":

@@ -1,7 +1,7 @@
 // One q4_K product of the NEON dot-product table, REPS times: the file's layout (layout "q4_k") or the
 // weights repacked by 16 rows ("q4_k_r16"), ROWS x K weights against M tokens; or the product of another
-// format by name (raw random blocks with small scales), by the NEON dot-product table ("iq3_xxs") or the
-// scalar reference ("ref:iq3_xxs"). icount_aarch64.sh runs it under qemu and counts the instructions
+// format by name (raw random blocks with small scales; "iq3_xxs_r16" and the like: repacked as the loader
+// does), by the NEON dot-product table ("iq3_xxs") or the scalar reference ("ref:iq3_xxs"). icount_aarch64.sh runs it under qemu and counts the instructions
 // executed in the kernel objects.
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +40,19 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "%s: unknown format %s\n", argv[0], layout.c_str());
             return 2;
         }
+        // iq4_xs_r16, iq3_xxs_r16, iq3_s_r16: raw blocks of the file's type, repacked as the loader does
+        struct Packed {
+            Type packed, file;
+            void (*repack)(const uint8_t*, size_t, int64_t, int64_t, int64_t, uint8_t*);
+        };
+        const Packed packs[] = {{Type::IQ4_XS_R16, Type::IQ4_XS, &repack_iq4_xs_r16},
+                                {Type::IQ3_XXS_R16, Type::IQ3_XXS, &repack_iq3_xxs_r16},
+                                {Type::IQ3_S_R16, Type::IQ3_S, &repack_iq3_s_r16}};
+        const Packed* pack = nullptr;
+        for (const Packed& p : packs)
+            if (p.packed == ti->type) pack = &p;
+        const TypeInfo* packed_ti = ti;
+        if (pack) ti = type_info((int32_t)pack->file);
         const Type t = ti->type;
         std::vector<uint8_t> wq(row_bytes(*ti, K) * N);
         std::uniform_int_distribution<int> byte(0, 255);
@@ -65,7 +78,14 @@ int main(int argc, char** argv) {
         quantize_acts(t, x.data(), M, K, xq.data());
         std::vector<float> y((size_t)(M * N));
         const Kernels& k = ref ? kernels_ref() : *kernels_neon_dotprod();
-        for (int i = 0; i < reps; i++) k.gemm(t)(wq.data(), row_bytes(*ti, K), xq.data(), xrb, K, M, y.data(), N, 0, N);
+        if (pack) {
+            std::vector<uint8_t> wr(row_bytes(*packed_ti, K) * N);
+            pack->repack(wq.data(), row_bytes(*ti, K), 0, N / R16, K, wr.data());
+            for (int i = 0; i < reps; i++)
+                k.gemm(pack->packed)(wr.data(), row_bytes(*packed_ti, K), xq.data(), xrb, K, M, y.data(), N, 0, N);
+        } else {
+            for (int i = 0; i < reps; i++) k.gemm(t)(wq.data(), row_bytes(*ti, K), xq.data(), xrb, K, M, y.data(), N, 0, N);
+        }
         std::printf("%s y[0] = %g\n", layout.c_str(), y[0]);
         return 0;
     }

@@ -435,6 +435,42 @@ void test_gemm_lowbit(const Table& tb, std::mt19937& rng) {
     }
 }
 
+// iq4_xs repacked, iq3_xxs and iq3_s transcoded (block_iq4_xs_r16's layout) against the reference's product of
+// the file's blocks: raw blocks (every code, scale and sign), whole groups and rows that start or end inside
+// one, 1-33 tokens.
+void test_gemm_codes_r16(const Table& tb, std::mt19937& rng) {
+    struct Case {
+        Type file, packed;
+        void (*repack)(const uint8_t*, size_t, int64_t, int64_t, int64_t, uint8_t*);
+    };
+    const Case cases[] = {{Type::IQ4_XS, Type::IQ4_XS_R16, &repack_iq4_xs_r16},
+                          {Type::IQ3_XXS, Type::IQ3_XXS_R16, &repack_iq3_xxs_r16},
+                          {Type::IQ3_S, Type::IQ3_S_R16, &repack_iq3_s_r16}};
+    const double tol = tb.name.rfind("neon", 0) == 0 ? 0.0 : TOL_VS_REF;
+    const int64_t N = 48, ranges[][2] = {{0, 48}, {16, 32}, {3, 43}, {5, 11}};
+    for (const Case& c : cases) {
+        const Format& f = format(c.file);
+        const TypeInfo &fi = *type_info((int32_t)c.file), &pi = *type_info((int32_t)c.packed);
+        for (int64_t K : {int64_t(QK_K), int64_t(3 * QK_K)})
+            for (int M : {1, 2, 3, 5, 8, 17, 33}) {
+                std::vector<uint8_t> w(row_bytes(fi, K) * N), r(row_bytes(pi, K) * N);
+                fill_raw_blocks(rng, c.file, w.data(), w.size() / fi.block_bytes);
+                c.repack(w.data(), row_bytes(fi, K), 0, N / R16, K, r.data());
+                const auto x = make_acts(rng, f, M, K, M % 2 ? XData::RAW : XData::RANDOM);
+                for (const auto& nn : ranges) {
+                    const int64_t ldy = N + 3;
+                    std::vector<float> want((size_t)(M * ldy), -1.f), got((size_t)(M * ldy), -1.f);
+                    kernels_ref().gemm(c.file)(w.data(), row_bytes(fi, K), x.data(), act_row_bytes(c.file, K), K, M,
+                                               want.data(), ldy, nn[0], nn[1]);
+                    tb.k->gemm(c.packed)(r.data(), row_bytes(pi, K), x.data(), act_row_bytes(c.file, K), K, M,
+                                         got.data(), ldy, nn[0], nn[1]);
+                    check(tb.name + " " + pi.name + " raw " + shape(N, K, M, nn[0], nn[1]), got.data(), want.data(),
+                          got.size(), tol);
+                }
+            }
+    }
+}
+
 // ---- mixture of experts ----
 
 float silu(float x) { return x / (1.f + std::exp(-x)); }
@@ -664,6 +700,9 @@ int main(int argc, char** argv) {
     // q4_k_r16 has a kernel of its own in the dot-product build only (the plain one carries the reference)
     expect(!has_native_q4_K_r16(*kernels_neon_plain()) && has_native_q4_K_r16(*kernels_neon_dotprod()),
            "the dot-product build alone multiplies q4_k_r16 natively");
+    for (Type t : {Type::IQ4_XS_R16, Type::IQ3_XXS_R16, Type::IQ3_S_R16})
+        expect(!has_native_r16(*kernels_neon_plain(), t) && has_native_r16(*kernels_neon_dotprod(), t),
+               "the dot-product build alone multiplies iq4_xs / iq3_xxs / iq3_s repacked natively");
     tables.push_back({"neon", kernels_neon_plain()});
     if (cpu.dotprod) tables.push_back({"neon+dotprod", kernels_neon_dotprod()});
 #endif
@@ -679,6 +718,7 @@ int main(int argc, char** argv) {
         test_gemm(tb, rng);
         test_gemm_r16(tb, rng);
         test_gemm_lowbit(tb, rng);
+        test_gemm_codes_r16(tb, rng);
         test_moe(tb, rng);
         std::printf("%s: %d passed, %d failed\n", tb.name.c_str(), g_passed - p0, g_failed - f0);
     }
