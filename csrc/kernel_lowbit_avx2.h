@@ -642,9 +642,9 @@ struct TileQ5KR16 : R16SumsInMemory<TileQ5KR16> {
 };
 
 // iq4_xs (block_iq4_xs_r16), iq3_xxs and iq3_s transcoded (block_iq3_xxs_r16, block_iq3_s_r16: the same layout
-// with other values): per
-// half, group j (32 weights) and word t: the low nibbles (weights 32 j + 4 t .. + 3 of 8 rows) and the high
-// ones (+ 16) looked up in the format's 16 values (vpshufb) as signed bytes, their magnitudes against the
+// with other values; kernel_r16.h's Codes*): per half, group j (32 weights) and word t: the low nibbles
+// (weights 32 j + 4 t .. + 3 of 8 rows) and the high ones (+ 16) looked up in the format's 16 values
+// (vpshufb) as signed bytes, their magnitudes against the
 // token's 4 activations broadcast with the weights' signs (vpsignb), vpmaddubsw, C::CHAIN words summed in int16
 // (iq4_xs none: two products of |q| <= 127 could overflow; iq3_xxs 2 words, iq3_s 8), then vpmaddwd by each
 // row's group scale (pairs (sc, sc)). One float multiply-add per half and token: d x factor x d_x.
