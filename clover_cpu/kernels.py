@@ -44,7 +44,8 @@ def repack_r16(ws, formats, *, release: bool = False) -> list[np.ndarray]:
     in formats (one name for all, or one per array, of R16_FORMATS) -> the same shapes in NAME_r16: 16
     rows per group, one row per vector lane, scales decoded (148 bytes per row and super-block against
     q4_k's 144; 114 against q3_k's 110; 180 against q5_k's 176; q6_k's 210 as they are; 138 against
-    iq4_xs's 136; iq3_xxs and iq3_s transcoded to 4-bit codes, 138 against 98 and 110). The same weights. The results are views of one buffer of their own. release: where a
+    iq4_xs's 136; iq3_xxs and iq3_s transcoded to 4-bit codes, 138 against 98 and 110). The same weights.
+    The results are views of one buffer of their own. release: where a
     source lies in a read-only shared mapping of a file (Linux; as mmap.ACCESS_READ and np.memmap(mode="r")
     make), its whole pages are dropped from this process once it is copied (they stay in the page cache and
     fault back in if read); other memory is left alone."""

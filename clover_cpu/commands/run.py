@@ -94,7 +94,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
                    help="copy the q4_k, q3_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s layer weights at load into the "
                    "layout the AVX2 kernels (q4_k, iq4_xs, iq3_* also NEON dot-product) multiply fastest (0-4%% more "
-                   "memory, iq3_xxs 41%% and iq3_s 25%% more, the file's pages released): auto (default) where the CPU has those kernels "
+                   "memory, iq3_xxs 41%% and iq3_s 25%% more, the file's pages released): auto (default) where the "
+                   "CPU has those kernels "
                    "and the model takes at most half the free memory, on whatever its size (an error without those "
                    "kernels), off keeps the file's layout")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout, nothing else")
