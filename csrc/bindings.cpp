@@ -48,8 +48,8 @@ const TypeInfo& parse_type(const std::string& name) {
 }
 
 bool is_r16(Type t) {
-    return t == Type::Q4_K_R16 || t == Type::Q3_K_R16 || t == Type::Q5_K_R16 || t == Type::Q6_K_R16 ||
-           t == Type::IQ4_XS_R16 || t == Type::IQ3_XXS_R16 || t == Type::IQ3_S_R16;
+    const R16Format* f = r16_format_of(t);
+    return f && f->to == t;
 }
 
 // the _r16 layouts' weights come in whole groups of 16 rows
@@ -242,24 +242,11 @@ bool read_only_file_pages(const std::vector<Mapping>& maps, uintptr_t a, uintptr
     return false;
 }
 
-// The formats repack_r16 makes: from q4_k (148 bytes per row and super-block), q3_k (114), q5_k (180), q6_k
-// (210), iq4_xs (138), iq3_xxs and iq3_s (138, transcoded to 4-bit codes).
-struct R16Format {
-    Type from, to;
-    void (*repack)(const uint8_t*, size_t, int64_t, int64_t, int64_t, uint8_t*);
-};
-constexpr R16Format R16_FORMATS[] = {{Type::Q4_K, Type::Q4_K_R16, &repack_q4_K_r16},
-                                     {Type::Q3_K, Type::Q3_K_R16, &repack_q3_K_r16},
-                                     {Type::Q5_K, Type::Q5_K_R16, &repack_q5_K_r16},
-                                     {Type::Q6_K, Type::Q6_K_R16, &repack_q6_K_r16},
-                                     {Type::IQ4_XS, Type::IQ4_XS_R16, &repack_iq4_xs_r16},
-                                     {Type::IQ3_XXS, Type::IQ3_XXS_R16, &repack_iq3_xxs_r16},
-                                     {Type::IQ3_S, Type::IQ3_S_R16, &repack_iq3_s_r16}};
-
+// The formats repack_r16 makes (quants.h's R16Format): from q4_k (148 bytes per row and super-block), q3_k
+// (114), q5_k (180), q6_k (210), iq4_xs (138), iq3_xxs and iq3_s (138, transcoded to 4-bit codes).
 const R16Format& r16_format(const std::string& name) {
     const TypeInfo& ti = parse_type(name);
-    for (const R16Format& f : R16_FORMATS)
-        if (f.from == ti.type) return f;
+    if (const R16Format* f = r16_format_of(ti.type); f && f->from == ti.type) return *f;
     fail("repack_r16 takes q4_k, q3_k, q5_k, q6_k, iq4_xs, iq3_xxs or iq3_s weights, got " + name);
 }
 

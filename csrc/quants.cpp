@@ -508,6 +508,24 @@ void dequantize_q4_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64
         }
 }
 
+namespace {
+constexpr R16Format R16_FORMATS[] = {
+    {Type::Q4_K, Type::Q4_K_R16, &repack_q4_K_r16, &dequantize_q4_K_r16},
+    {Type::Q3_K, Type::Q3_K_R16, &repack_q3_K_r16, &dequantize_q3_K_r16},
+    {Type::Q5_K, Type::Q5_K_R16, &repack_q5_K_r16, &dequantize_q5_K_r16},
+    {Type::Q6_K, Type::Q6_K_R16, &repack_q6_K_r16, &dequantize_q6_K_r16},
+    {Type::IQ4_XS, Type::IQ4_XS_R16, &repack_iq4_xs_r16, &dequantize_iq4_xs_r16},
+    {Type::IQ3_XXS, Type::IQ3_XXS_R16, &repack_iq3_xxs_r16, &dequantize_iq3_xxs_r16},
+    {Type::IQ3_S, Type::IQ3_S_R16, &repack_iq3_s_r16, &dequantize_iq3_s_r16},
+};
+}  // namespace
+
+const R16Format* r16_format_of(Type t) {
+    for (const R16Format& f : R16_FORMATS)
+        if (f.from == t || f.to == t) return &f;
+    return nullptr;
+}
+
 const TypeInfo* type_info(int32_t type_id) {
     for (const auto& t : TYPES)
         if ((int32_t)t.type == type_id) return &t;
@@ -640,32 +658,8 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
 }
 
 void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_t k) {
-    if (t == Type::Q4_K_R16) {
-        dequantize_q4_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
-        return;
-    }
-    if (t == Type::Q3_K_R16) {
-        dequantize_q3_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
-        return;
-    }
-    if (t == Type::IQ4_XS_R16) {
-        dequantize_iq4_xs_r16((const uint8_t*)src, dst, n_rows / R16, k);
-        return;
-    }
-    if (t == Type::Q6_K_R16) {
-        dequantize_q6_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
-        return;
-    }
-    if (t == Type::Q5_K_R16) {
-        dequantize_q5_K_r16((const uint8_t*)src, dst, n_rows / R16, k);
-        return;
-    }
-    if (t == Type::IQ3_XXS_R16) {
-        dequantize_iq3_xxs_r16((const uint8_t*)src, dst, n_rows / R16, k);
-        return;
-    }
-    if (t == Type::IQ3_S_R16) {
-        dequantize_iq3_s_r16((const uint8_t*)src, dst, n_rows / R16, k);
+    if (const R16Format* f = r16_format_of(t); f && f->to == t) {  // by groups of 16 rows
+        f->dequantize((const uint8_t*)src, dst, n_rows / R16, k);
         return;
     }
     const TypeInfo* ti = type_info((int32_t)t);

@@ -64,6 +64,15 @@ void dequantize_q5_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64
 void repack_q6_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
 void dequantize_q6_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
 
+// The layouts repacked at load: the file's type, the repacked one, and the functions above between them.
+struct R16Format {
+    Type from, to;
+    void (*repack)(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
+    void (*dequantize)(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
+};
+// The entry whose file type or repacked type is t; nullptr for a type that is neither.
+const R16Format* r16_format_of(Type t);
+
 // The inner searches of the k-quant reference quantizers (ggml's make_qkx2_quants and
 // make_qx_quants with rmse_type 1); an ISA file may provide a faster twin.
 struct QuantSearch {

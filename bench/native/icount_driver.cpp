@@ -40,19 +40,11 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "%s: unknown format %s\n", argv[0], layout.c_str());
             return 2;
         }
-        // iq4_xs_r16, iq3_xxs_r16, iq3_s_r16: raw blocks of the file's type, repacked as the loader does
-        struct Packed {
-            Type packed, file;
-            void (*repack)(const uint8_t*, size_t, int64_t, int64_t, int64_t, uint8_t*);
-        };
-        const Packed packs[] = {{Type::IQ4_XS_R16, Type::IQ4_XS, &repack_iq4_xs_r16},
-                                {Type::IQ3_XXS_R16, Type::IQ3_XXS, &repack_iq3_xxs_r16},
-                                {Type::IQ3_S_R16, Type::IQ3_S, &repack_iq3_s_r16}};
-        const Packed* pack = nullptr;
-        for (const Packed& p : packs)
-            if (p.packed == ti->type) pack = &p;
+        // a repacked layout (iq3_xxs_r16, ...): raw blocks of the file's type, repacked as the loader does
+        const R16Format* rf = r16_format_of(ti->type);
+        const R16Format* pack = rf && rf->to == ti->type ? rf : nullptr;
         const TypeInfo* packed_ti = ti;
-        if (pack) ti = type_info((int32_t)pack->file);
+        if (pack) ti = type_info((int32_t)pack->from);
         const Type t = ti->type;
         std::vector<uint8_t> wq(row_bytes(*ti, K) * N);
         std::uniform_int_distribution<int> byte(0, 255);
@@ -82,7 +74,7 @@ int main(int argc, char** argv) {
             std::vector<uint8_t> wr(row_bytes(*packed_ti, K) * N);
             pack->repack(wq.data(), row_bytes(*ti, K), 0, N / R16, K, wr.data());
             for (int i = 0; i < reps; i++)
-                k.gemm(pack->packed)(wr.data(), row_bytes(*packed_ti, K), xq.data(), xrb, K, M, y.data(), N, 0, N);
+                k.gemm(pack->to)(wr.data(), row_bytes(*packed_ti, K), xq.data(), xrb, K, M, y.data(), N, 0, N);
         } else {
             for (int i = 0; i < reps; i++) k.gemm(t)(wq.data(), row_bytes(*ti, K), xq.data(), xrb, K, M, y.data(), N, 0, N);
         }

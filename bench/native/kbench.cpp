@@ -101,11 +101,9 @@ int main(int argc, char** argv) {
     }
     const Type t = ti->type;
     // q4_k_r16: q4_K weights repacked as the loader does (repack_q4_K_r16), checked against q4_K's reference
-    const bool r16 = t == Type::Q4_K_R16 || t == Type::Q3_K_R16 || t == Type::Q5_K_R16 || t == Type::Q6_K_R16 ||
-                     t == Type::IQ4_XS_R16 || t == Type::IQ3_XXS_R16 || t == Type::IQ3_S_R16;
-    const Type tq = t == Type::Q4_K_R16 ? Type::Q4_K : t == Type::Q3_K_R16 ? Type::Q3_K
-                    : t == Type::Q5_K_R16 ? Type::Q5_K : t == Type::Q6_K_R16 ? Type::Q6_K
-                    : t == Type::IQ4_XS_R16 ? Type::IQ4_XS : t == Type::IQ3_XXS_R16 ? Type::IQ3_XXS : t == Type::IQ3_S_R16 ? Type::IQ3_S : t;
+    const R16Format* rf = r16_format_of(t);
+    const bool r16 = rf && rf->to == t;
+    const Type tq = r16 ? rf->from : t;
     if (r16 && rows % R16) usage("--type *_r16 takes --rows in multiples of 16");
     const int maxM = *std::max_element(tokens.begin(), tokens.end());
     const size_t qrb = row_bytes(*type_info((int32_t)tq), K), wrb = row_bytes(*ti, K), xrb = act_row_bytes(t, K);
@@ -133,20 +131,8 @@ int main(int argc, char** argv) {
             }
         }
     }
-    if (t == Type::Q4_K_R16)
-        repack_q4_K_r16(wq.data(), qrb, 0, rows / R16, K, w.data());
-    else if (t == Type::Q3_K_R16)
-        repack_q3_K_r16(wq.data(), qrb, 0, rows / R16, K, w.data());
-    else if (t == Type::Q5_K_R16)
-        repack_q5_K_r16(wq.data(), qrb, 0, rows / R16, K, w.data());
-    else if (t == Type::Q6_K_R16)
-        repack_q6_K_r16(wq.data(), qrb, 0, rows / R16, K, w.data());
-    else if (t == Type::IQ4_XS_R16)
-        repack_iq4_xs_r16(wq.data(), qrb, 0, rows / R16, K, w.data());
-    else if (t == Type::IQ3_XXS_R16)
-        repack_iq3_xxs_r16(wq.data(), qrb, 0, rows / R16, K, w.data());
-    else if (t == Type::IQ3_S_R16)
-        repack_iq3_s_r16(wq.data(), qrb, 0, rows / R16, K, w.data());
+    if (r16)
+        rf->repack(wq.data(), qrb, 0, rows / R16, K, w.data());
     else
         w = wq;
     quantize_act_rows(t, xf.data(), 0, maxM, K, xq.data());

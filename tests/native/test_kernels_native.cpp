@@ -439,30 +439,24 @@ void test_gemm_lowbit(const Table& tb, std::mt19937& rng) {
 // the file's blocks: raw blocks (every code, scale and sign), whole groups and rows that start or end inside
 // one, 1-33 tokens.
 void test_gemm_codes_r16(const Table& tb, std::mt19937& rng) {
-    struct Case {
-        Type file, packed;
-        void (*repack)(const uint8_t*, size_t, int64_t, int64_t, int64_t, uint8_t*);
-    };
-    const Case cases[] = {{Type::IQ4_XS, Type::IQ4_XS_R16, &repack_iq4_xs_r16},
-                          {Type::IQ3_XXS, Type::IQ3_XXS_R16, &repack_iq3_xxs_r16},
-                          {Type::IQ3_S, Type::IQ3_S_R16, &repack_iq3_s_r16}};
     const double tol = tb.name.rfind("neon", 0) == 0 ? 0.0 : TOL_VS_REF;
     const int64_t N = 48, ranges[][2] = {{0, 48}, {16, 32}, {3, 43}, {5, 11}};
-    for (const Case& c : cases) {
-        const Format& f = format(c.file);
-        const TypeInfo &fi = *type_info((int32_t)c.file), &pi = *type_info((int32_t)c.packed);
+    for (Type packed : {Type::IQ4_XS_R16, Type::IQ3_XXS_R16, Type::IQ3_S_R16}) {
+        const R16Format& c = *r16_format_of(packed);
+        const Format& f = format(c.from);
+        const TypeInfo &fi = *type_info((int32_t)c.from), &pi = *type_info((int32_t)c.to);
         for (int64_t K : {int64_t(QK_K), int64_t(3 * QK_K)})
             for (int M : {1, 2, 3, 5, 8, 17, 33}) {
                 std::vector<uint8_t> w(row_bytes(fi, K) * N), r(row_bytes(pi, K) * N);
-                fill_raw_blocks(rng, c.file, w.data(), w.size() / fi.block_bytes);
+                fill_raw_blocks(rng, c.from, w.data(), w.size() / fi.block_bytes);
                 c.repack(w.data(), row_bytes(fi, K), 0, N / R16, K, r.data());
                 const auto x = make_acts(rng, f, M, K, M % 2 ? XData::RAW : XData::RANDOM);
                 for (const auto& nn : ranges) {
                     const int64_t ldy = N + 3;
                     std::vector<float> want((size_t)(M * ldy), -1.f), got((size_t)(M * ldy), -1.f);
-                    kernels_ref().gemm(c.file)(w.data(), row_bytes(fi, K), x.data(), act_row_bytes(c.file, K), K, M,
+                    kernels_ref().gemm(c.from)(w.data(), row_bytes(fi, K), x.data(), act_row_bytes(c.from, K), K, M,
                                                want.data(), ldy, nn[0], nn[1]);
-                    tb.k->gemm(c.packed)(r.data(), row_bytes(pi, K), x.data(), act_row_bytes(c.file, K), K, M,
+                    tb.k->gemm(c.to)(r.data(), row_bytes(pi, K), x.data(), act_row_bytes(c.from, K), K, M,
                                          got.data(), ldy, nn[0], nn[1]);
                     check(tb.name + " " + pi.name + " raw " + shape(N, K, M, nn[0], nn[1]), got.data(), want.data(),
                           got.size(), tol);
