@@ -840,6 +840,86 @@ struct TileR16 {
     }
 };
 
+// ---- iq4_xs repacked, iq3_xxs and iq3_s transcoded (block_iq4_xs_r16's layout, kernel_r16.h's Codes*) ----
+// One row per int32 lane, 16 rows per register. Per group j (32 weights) and word t, one 64-byte load holds
+// 4 weights of 16 rows: the low nibbles (weights 32 j + 4 t .. + 3) and the high ones (+ 16) looked up by
+// vpshufb in the format's 16 values plus 128 (unsigned bytes 1..255: vpdpbusd takes its weights unsigned and
+// AVX-512 has no vpsignb), 2 vpdpbusd per token against its 4 activations broadcast. The group's sum then
+// drops 128 x the token's sum over the group (two of block_q8_K's bsums) and is multiplied by each row's
+// scale (vpmulld) into int32; one float multiply-add per token and super-block (d x factor x d_x). The
+// integer sums are exact, so the results equal the AVX2 tile's bit for bit. 64 vpdpbusd per super-block,
+// 16 rows and token, as q4_K's tile; up to 6 tokens share each weight load.
+template <class C>
+struct TileCodes4R16 {
+    using Block = typename C::Block;
+    static constexpr bool PAIRS = false;  // (the group sums come from block_q8_K's bsums)
+    static constexpr gemm_fn ref = C::REF;
+    static constexpr int GMAX = 6;
+    static constexpr int HEAD_LINES = (int)(offsetof(Block, qs) + 63) / 64;
+
+    template <int G, Prefetch PF>
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, __m512i* isum) {
+        constexpr int FAR = G >= 2 ? 12288 : 0;  // (as TileR16)
+        for (int k = 0; k < HEAD_LINES; k++) prefetch_r16<PF, PREFETCH_BYTES, FAR>((const char*)&p + 64 * k);
+        const __m512i lo4 = _mm512_set1_epi8(0x0f);
+        const __m512i tab = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)C::VALUES)),
+                                             _mm512_set1_epi8((char)0x80));
+        for (int j = 0; j < 8; j++) {
+            __m512i sj[G];
+            for (int g = 0; g < G; g++) sj[g] = _mm512_setzero_si512();
+            for (int t = 0; t < 4; t++) {
+                const __m512i q = _mm512_loadu_si512(p.qs[j][t]);
+                prefetch_r16<PF, PREFETCH_BYTES, FAR>(p.qs[j][t]);
+                const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(q, lo4));
+                const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(q, 4), lo4));
+                for (int g = 0; g < G; g++) {
+                    const int8_t* x = xs[g][s].qs + 32 * j + 4 * t;
+                    int32_t a, b;
+                    std::memcpy(&a, x, 4);
+                    std::memcpy(&b, x + 16, 4);
+                    sj[g] = _mm512_dpbusd_epi32(sj[g], lo, _mm512_set1_epi32(a));
+                    sj[g] = _mm512_dpbusd_epi32(sj[g], hi, _mm512_set1_epi32(b));
+                }
+            }
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p.sc[j]));
+            for (int g = 0; g < G; g++) {
+                const int32_t off = 128 * ((int32_t)xs[g][s].bsums[2 * j] + xs[g][s].bsums[2 * j + 1]);
+                isum[g] = _mm512_add_epi32(isum[g], _mm512_mullo_epi32(_mm512_sub_epi32(sj[g], _mm512_set1_epi32(off)), sc));
+            }
+        }
+    }
+    // acc[g] (lane r) += super-block s's share of row r's dot with token g
+    template <int G, Prefetch PF>
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, __m512* acc) {
+        __m512i isum[G];
+        for (int g = 0; g < G; g++) isum[g] = _mm512_setzero_si512();
+        superblock<G, PF>(p, s, xs, isum);
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.d));
+        if constexpr (C::FACTOR != 1.f) d = _mm512_mul_ps(d, _mm512_set1_ps(C::FACTOR));
+        for (int g = 0; g < G; g++)
+            acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g]), _mm512_mul_ps(d, _mm512_set1_ps(xs[g][s].d)), acc[g]);
+    }
+    template <int G>
+    static void rows(const Block* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const*, float* y,
+                     int64_t ldy) {
+        __m512 acc[G];
+        for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
+        for (int64_t s = 0; s < nsb; s++) superblock<G, Prefetch::L1>(P[s], s, xs, acc);
+        for (int g = 0; g < G; g++) _mm512_storeu_ps(y + g * ldy, acc[g]);
+    }
+    template <int G>
+    static void step(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*, float* acc,
+                     bool first) {
+        __m512 a[G];
+        for (int g = 0; g < G; g++) a[g] = _mm512_load_ps(acc + 16 * g);
+        if (first)
+            superblock<G, Prefetch::L2>(p, s, xs, a);
+        else
+            superblock<G, Prefetch::NONE>(p, s, xs, a);
+        for (int g = 0; g < G; g++) _mm512_store_ps(acc + 16 * g, a[g]);
+    }
+};
+
 Kernels make_table() {
     Kernels k = *kernels_avx2();
     k.isa = "avx512";  // (family stays "avx2": the model operators and the rest of the table are AVX2's)
@@ -851,6 +931,9 @@ Kernels make_table() {
     k.gemm_q4_K_r16 = gemm_r16<TileR16>;
     k.gemm_q5_K_r16 = nullptr;  // (gemm_q45k streams the file's layout; AVX2's repacked tile not measured here)
     k.gemm_q6_K_r16 = nullptr;  // (gemm_q6k streams the file's layout; AVX2's repacked tile not measured here)
+    k.gemm_iq4_xs_r16 = gemm_r16<TileCodes4R16<CodesIQ4XS>>;
+    k.gemm_iq3_xxs_r16 = gemm_r16<TileCodes4R16<CodesIQ3XXS>>;
+    k.gemm_iq3_s_r16 = gemm_r16<TileCodes4R16<CodesIQ3S>>;
     // Q4_0 (more unpacking per byte) gains from two rows already at 4 tokens (1.7x the AVX2 tile
     // against 1.3x with one row, same run); Q8_0 at 4 tokens streams 25 GB/s with one row, 15 with two.
     k.gemm_q4_0 = gemm_q8a<UnpackQ4_0, 4>;

@@ -92,6 +92,19 @@ def test_every_isa_matches_the_reference(m, rows, k, fmt, rng):
         check_close(kernels.matmul(x, r, fmt + "_r16", isa=isa), ref, TOL_VS_REF, f"{isa} M={m} {rows}x{k}")
 
 
+@pytest.mark.skipif(not {"avx2", "avx512"} <= set(ISAS), reason="needs a CPU with AVX-512 VNNI")
+@pytest.mark.parametrize("fmt", ["iq4_xs", "iq3_xxs", "iq3_s"])
+def test_avx512_codes_tile_equals_avx2s_bit_for_bit(fmt, rng):
+    # both sum each group exactly in int32 (AVX2 by vpmaddubsw of magnitudes and signs, AVX-512 by vpdpbusd of
+    # the values + 128 less 128 x the group's activation sum) and do the same float work per super-block
+    q = quant(rng, 1024, 1024, fmt, scale=4.0)
+    (r,) = kernels.repack_r16([q], fmt)
+    for m in (1, 2, 5, 6, 7, 13, 48, 49, 100):
+        x = (rng.standard_normal((m, 1024)) * np.where(rng.random((m, 1024)) < 0.05, 50.0, 1.0)).astype(np.float32)
+        assert np.array_equal(kernels.matmul(x, r, fmt + "_r16", isa="avx512"),
+                              kernels.matmul(x, r, fmt + "_r16", isa="avx2")), f"{fmt} M={m}"
+
+
 def test_raw_blocks_and_extreme_activations(rng):
     # every 6-bit scale and min and every nibble (raw bytes with finite fp16 d, dmin), against activation
     # rows that quantize to +-127 throughout and to spikes
