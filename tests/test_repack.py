@@ -93,10 +93,10 @@ def test_every_isa_matches_the_reference(m, rows, k, fmt, rng):
 
 
 @pytest.mark.skipif(not {"avx2", "avx512"} <= set(ISAS), reason="needs a CPU with AVX-512 VNNI")
-@pytest.mark.parametrize("fmt", ["iq4_xs", "iq3_xxs", "iq3_s"])
-def test_avx512_codes_tile_equals_avx2s_bit_for_bit(fmt, rng):
-    # both sum each group exactly in int32 (AVX2 by vpmaddubsw of magnitudes and signs, AVX-512 by vpdpbusd of
-    # the values + 128 less 128 x the group's activation sum) and do the same float work per super-block
+@pytest.mark.parametrize("fmt", ["q3_k", "iq4_xs", "iq3_xxs", "iq3_s"])
+def test_avx512_tiles_equal_avx2s_bit_for_bit(fmt, rng):
+    # both sum each group exactly in int32 (AVX2 by vpmaddubsw, AVX-512 by vpdpbusd of unsigned codes, the
+    # offset taken off through the group's activation sum) and do the same float work per super-block
     q = quant(rng, 1024, 1024, fmt, scale=4.0)
     (r,) = kernels.repack_r16([q], fmt)
     for m in (1, 2, 5, 6, 7, 13, 48, 49, 100):
