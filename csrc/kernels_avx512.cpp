@@ -397,28 +397,11 @@ struct KindQ8L : TokenRows16 {
     };
     // Blocks 2i and 2i + 1 as 64 unsigned bytes (built in registers: a round trip through memory stalls
     // the 64-byte loads on the narrower stores).
-    static __m512i two_blocks(const uint8_t* w, int i) {
-        if constexpr (Unpack::BIAS == 128) {
-            const block_q8_0* b = (const block_q8_0*)w + 2 * i;
-            const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)b[0].qs)),
-                                                 _mm256_loadu_si256((const __m256i*)b[1].qs), 1);
-            return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
-        } else {  // a block's weights 0-15 in the low nibbles, 16-31 in the high ones
-            const block_q4_0* b = (const block_q4_0*)w + 2 * i;
-            const __m512i v = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)b[0].qs))),
-                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)b[1].qs)), 1);
-            const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
-            return _mm512_and_si512(_mm512_srlv_epi64(v, shift), _mm512_set1_epi8(0x0f));
-        }
-    }
+    static __m512i two_blocks(const uint8_t* w, int i) { return Unpack::pair(w, 2 * i, false); }
     static void unpack(const uint8_t* w, U* u) {  // w: the super-block's 8 blocks
         lane_order(two_blocks(w, 0), two_blocks(w, 1), two_blocks(w, 2), two_blocks(w, 3), (int8_t*)u->q);
-        // (a block starts with its fp16 scale)
-        auto d = [&](int j) { return (short)((const uint16_t*)(w + j * Unpack::BYTES))[0]; };
-        const __m256 d8 = _mm256_cvtph_ps(_mm_setr_epi16(d(0), d(1), d(2), d(3), d(4), d(5), d(6), d(7)));
         const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-        u->dw = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(d8));
+        u->dw = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(Unpack::scales8(w)));
     }
     template <int RN, Rows R>
     static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part, const KSpan& ks) {
@@ -615,35 +598,111 @@ inline __m512 scales_of(uint16_t a, uint16_t b) {
                                                    _mm_set1_epi16((short)b), 1));
 }
 
-struct UnpackQ4_0 {
+// The 8 fp16 scales of 8 blocks that start with them (Q4_0, Q8_0, Q5_0, IQ4_NL).
+template <class Block>
+inline __m256 fp16_scales8(const uint8_t* w) {
+    auto d = [&](int j) { return (short)((const Block*)w)[j].d; };
+    return _mm256_cvtph_ps(_mm_setr_epi16(d(0), d(1), d(2), d(3), d(4), d(5), d(6), d(7)));
+}
+// The 64 nibbles of two blocks' 16 bytes each, in weight order (a block's weights 0-15 in the low nibbles,
+// 16-31 in the high ones, so 128-bit lanes 1 and 3 shift by 4).
+inline __m512i nibbles_pair(const uint8_t* qs0, const uint8_t* qs1) {
+    const __m512i v =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)qs0))),
+                           _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)qs1)), 1);
+    const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    return _mm512_and_si512(_mm512_srlv_epi64(v, shift), _mm512_set1_epi8(0x0f));
+}
+// A table of 16 signed values as unsigned bytes (value + 128) in every 128-bit lane, for vpshufb.
+inline __m512i table_plus_128(const int8_t* values) {
+    return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)values)),
+                            _mm512_set1_epi8((char)0x80));
+}
+
+// Each format's weights as unsigned bytes u = q + BIAS: pair(row, b, one), blocks b and b + 1 (b twice when
+// `one`: an odd block count's last block, whose second scale is 0); scales(row, b, one), float lanes 0-7 the
+// first block's scale, 8-15 the second's; scales8(w), the scales of the 8 blocks at w.
+template <class Block>
+struct Fp16Scales {
+    static __m512 scales(const uint8_t* row, int64_t b, bool one) {
+        const Block* x = (const Block*)row + b;
+        return scales_of(x->d, one ? 0 : x[1].d);
+    }
+    static __m256 scales8(const uint8_t* w) { return fp16_scales8<Block>(w); }
+};
+struct UnpackQ4_0 : Fp16Scales<block_q4_0> {
+    using Block = block_q4_0;
     static constexpr int BIAS = 8;
-    static constexpr int BYTES = sizeof(block_q4_0);
-    // 64 weights of blocks b and b + 1 (b only, twice, when `one`): the 16 bytes of a block are its
-    // weights 0-15 (low nibbles) and 16-31 (high nibbles), so 128-bit lanes 1 and 3 shift by 4
-    static __m512i load(const uint8_t* row, int64_t b, bool one, __m512* dw) {
-        const block_q4_0* x = (const block_q4_0*)row + b;
-        const block_q4_0* y = one ? x : x + 1;
-        *dw = scales_of(x->d, one ? 0 : y->d);
-        const __m512i v = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)x->qs))),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)y->qs)), 1);
-        const __m512i shift = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0,
-                                               0x0004000400040004, 0x0004000400040004, 0, 0);
-        return _mm512_and_si512(_mm512_srlv_epi16(v, shift), _mm512_set1_epi8(0x0f));
+    static constexpr int BYTES = sizeof(Block);
+    static __m512i pair(const uint8_t* row, int64_t b, bool one) {
+        const Block* x = (const Block*)row + b;
+        return nibbles_pair(x->qs, (one ? x : x + 1)->qs);
     }
 };
-struct UnpackQ8_0 {
+struct UnpackQ8_0 : Fp16Scales<block_q8_0> {
+    using Block = block_q8_0;
     static constexpr int BIAS = 128;
-    static constexpr int BYTES = sizeof(block_q8_0);
-    static __m512i load(const uint8_t* row, int64_t b, bool one, __m512* dw) {
-        const block_q8_0* x = (const block_q8_0*)row + b;
-        const block_q8_0* y = one ? x : x + 1;
-        *dw = scales_of(x->d, one ? 0 : y->d);
+    static constexpr int BYTES = sizeof(Block);
+    static __m512i pair(const uint8_t* row, int64_t b, bool one) {
+        const Block* x = (const Block*)row + b;
+        const Block* y = one ? x : x + 1;
         const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)x->qs)),
                                              _mm256_loadu_si256((const __m256i*)y->qs), 1);
         return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
     }
 };
+// Q5_0: the nibble plus 16 where the block's qh bit is set (a masked byte add), so u = q + 16.
+struct UnpackQ5_0 : Fp16Scales<block_q5_0> {
+    using Block = block_q5_0;
+    static constexpr int BIAS = 16;
+    static constexpr int BYTES = sizeof(Block);
+    static __m512i pair(const uint8_t* row, int64_t b, bool one) {
+        const Block* x = (const Block*)row + b;
+        const Block* y = one ? x : x + 1;
+        uint32_t h0, h1;
+        std::memcpy(&h0, x->qh, 4);
+        std::memcpy(&h1, y->qh, 4);
+        const __m512i nib = nibbles_pair(x->qs, y->qs);
+        return _mm512_mask_add_epi8(nib, _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), nib, _mm512_set1_epi8(16));
+    }
+};
+// IQ4_NL and MXFP4: the nibbles looked up in the format's 16 values plus 128 (vpshufb).
+struct UnpackIQ4NL : Fp16Scales<block_iq4_nl> {
+    using Block = block_iq4_nl;
+    static constexpr int BIAS = 128;
+    static constexpr int BYTES = sizeof(Block);
+    static __m512i pair(const uint8_t* row, int64_t b, bool one) {
+        const Block* x = (const Block*)row + b;
+        return _mm512_shuffle_epi8(table_plus_128(kvalues_iq4nl), nibbles_pair(x->qs, (one ? x : x + 1)->qs));
+    }
+};
+struct UnpackMXFP4 {
+    using Block = block_mxfp4;
+    static constexpr int BIAS = 128;
+    static constexpr int BYTES = sizeof(Block);
+    static __m512i pair(const uint8_t* row, int64_t b, bool one) {
+        const Block* x = (const Block*)row + b;
+        return _mm512_shuffle_epi8(table_plus_128(kvalues_mxfp4), nibbles_pair(x->qs, (one ? x : x + 1)->qs));
+    }
+    static __m512 scales(const uint8_t* row, int64_t b, bool one) {
+        const Block* x = (const Block*)row + b;
+        const float d0 = e8m0_to_fp32_half(x->e), d1 = one ? 0.f : e8m0_to_fp32_half(x[1].e);
+        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(d0)),
+                                                   _mm256_castps_pd(_mm256_set1_ps(d1)), 1));
+    }
+    static __m256 scales8(const uint8_t* w) {
+        const Block* x = (const Block*)w;
+        return _mm256_setr_ps(e8m0_to_fp32_half(x[0].e), e8m0_to_fp32_half(x[1].e), e8m0_to_fp32_half(x[2].e),
+                              e8m0_to_fp32_half(x[3].e), e8m0_to_fp32_half(x[4].e), e8m0_to_fp32_half(x[5].e),
+                              e8m0_to_fp32_half(x[6].e), e8m0_to_fp32_half(x[7].e));
+    }
+};
+// Blocks b and b + 1 with their scales (float lanes 0-7 and 8-15).
+template <class U>
+inline __m512i load_pair(const uint8_t* row, int64_t b, bool one, __m512* dw) {
+    *dw = U::scales(row, b, one);
+    return U::pair(row, b, one);
+}
 
 // float lanes 0-7 = a, 8-15 = b
 inline __m512 pair_ps(float a, float b) {
@@ -668,7 +727,7 @@ struct TileQ8A {
                 for (int r = 0; r < RM; r++) {
                     const uint8_t* row = a.W + (n + r) * a.wrb;
                     prefetch_block(row + b * U::BYTES, 2 * U::BYTES);
-                    w[r] = U::load(row, b, one, &dw[r]);
+                    w[r] = load_pair<U>(row, b, one, &dw[r]);
                 }
                 for (int t = 0; t < RN; t++) {
                     const block_q8_a* x = (const block_q8_a*)(a.X + (m + t) * a.xrb) + b;
@@ -737,7 +796,7 @@ void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
         for (int64_t p = 0; p < np; p++) {
             prefetch_block(row + 2 * p * U::BYTES, 2 * U::BYTES);
             __m512 dw;
-            const __m512i w = U::load(row, 2 * p, 2 * p + 1 == nb, &dw);
+            const __m512i w = load_pair<U>(row, 2 * p, 2 * p + 1 == nb, &dw);
             const __m512i s = _mm512_dpbusd_epi32(tb[p].start, w, tb[p].x);
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, tb[p].d), acc);
         }
@@ -1024,6 +1083,10 @@ Kernels make_table() {
     // against 1.3x with one row, same run); Q8_0 at 4 tokens streams 25 GB/s with one row, 15 with two.
     k.gemm_q4_0 = gemm_q8a<UnpackQ4_0, 4>;
     k.gemm_q8_0 = gemm_q8a<UnpackQ8_0, 16>;
+    // Q5_0, IQ4_NL and MXFP4 the same way (their own unpacking, u = q + 16 or the values + 128)
+    k.gemm_q5_0 = gemm_q8a<UnpackQ5_0, 4>;
+    k.gemm_iq4_nl = gemm_q8a<UnpackIQ4NL, 4>;
+    k.gemm_mxfp4 = gemm_q8a<UnpackMXFP4, 4>;
     return k;
 }
 

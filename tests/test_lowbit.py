@@ -134,6 +134,18 @@ def test_one_block_one_row(fmt, rng):
         check_close(kernels.matmul(x, w, fmt, isa=isa), want, TOL_FLOAT64, f"{fmt} {isa}")
 
 
+@pytest.mark.parametrize("fmt", ["q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4"])
+@pytest.mark.parametrize("m", [1, 3, 9])
+def test_blocks_of_32_odd_count(fmt, m, rng):
+    # 7 blocks of 32: not a whole super-block (the SIMD tiles' register path, not the lane layout) and an odd
+    # count (the last block without a partner in the AVX-512 block pairs)
+    w = random_blocks(rng, fmt, 21, 224)
+    x = rng.standard_normal((m, 224)).astype(np.float32)
+    want = act_rounded(x, fmt) @ kernels.dequantize(w, fmt).astype(np.float64).T
+    for isa in ISAS:
+        check_close(kernels.matmul(x, w, fmt, isa=isa), want, TOL_FLOAT64, f"{fmt} {isa} M={m}")
+
+
 @pytest.mark.parametrize("fmt", ["q2_k", "iq2_xxs", "iq3_s", "iq4_xs", "q5_1", "mxfp4"])
 def test_threads_do_not_change_results(fmt, rng):
     w = random_blocks(rng, fmt, 300, 1024)
