@@ -167,6 +167,17 @@ else
     say "built llama.cpp b11434 tools in $((SECONDS - t0)) s: $llama_dir/build/bin"
 fi
 
+# bench/native/llama_logits.cpp (llama.cpp's logits for bench/check_lowbit_parity.py) against that build's
+# libllama, next to the tools; rebuilt when the source is newer.
+logits_bin="$llama_dir/build/bin/llama_logits"
+if [[ ! -x "$logits_bin" || "$repo/bench/native/llama_logits.cpp" -nt "$logits_bin" ]]; then
+    say "building llama_logits against $llama_dir/build/bin/libllama.so"
+    "${CXX:-g++}" -O2 -std=c++17 "$repo/bench/native/llama_logits.cpp" -I"$llama_dir/include" \
+        -I"$llama_dir/ggml/include" -L"$llama_dir/build/bin" -lllama -Wl,-rpath,"$llama_dir/build/bin" -o "$logits_bin"
+else
+    say "skip llama_logits (in $llama_dir/build/bin)"
+fi
+
 # This repository's package (clover_cpu, with its converter). A snapshot: rerun with --project
 # after the sources change. The parity test itself runs the converter of the environment that
 # runs pytest, so this copy only serves standalone runs of bench/check_llamacpp_parity.py.
