@@ -371,6 +371,7 @@ struct alignas(64) X8L {  // 8 block_q8_a of one token, in lane order
     int8_t q[QK_K];
     int32_t start[16];  // lane L: -bias * (sum of the 16 activations lane L multiplies)
     float d[16];        // lane L: the scale of block L / 2
+    float xs[16];       // lane L: d x (sum of its 16 activations), for the formats with a min (Q4_1, Q5_1)
 };
 
 template <typename Unpack>
@@ -389,11 +390,13 @@ struct KindQ8L : TokenRows16 {
             for (int i = 0; i < 16; i++) sum += v[16 * L + i];
             out->start[L] = -Unpack::BIAS * sum;
             out->d[L] = x[0][L / 2].d;
+            out->xs[L] = x[0][L / 2].d * (float)sum;
         }
     }
     struct alignas(64) U {
         __m512i q[4];
         __m512 dw;  // lane L: the scale of block L / 2
+        __m512 mw;  // lane L: the min of block L / 2 (Unpack::MINS)
     };
     // Blocks 2i and 2i + 1 as 64 unsigned bytes (built in registers: a round trip through memory stalls
     // the 64-byte loads on the narrower stores).
@@ -402,6 +405,7 @@ struct KindQ8L : TokenRows16 {
         lane_order(two_blocks(w, 0), two_blocks(w, 1), two_blocks(w, 2), two_blocks(w, 3), (int8_t*)u->q);
         const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
         u->dw = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(Unpack::scales8(w)));
+        if constexpr (Unpack::MINS) u->mw = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(Unpack::mins8(w)));
     }
     template <int RN, Rows R>
     static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part, const KSpan& ks) {
@@ -425,9 +429,11 @@ struct KindQ8L : TokenRows16 {
                 for (int t = 0; t < RN; t++)
                     v[t] = _mm512_dpbusd_epi32(v[t], q, _mm512_load_si512((const void*)(x[t * xs + b].q + 64 * c)));
             }
-            for (int t = 0; t < RN; t++)
+            for (int t = 0; t < RN; t++) {
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[t]), _mm512_mul_ps(ub->dw, _mm512_load_ps(x[t * xs + b].d)),
                                          acc[t]);
+                if constexpr (Unpack::MINS) acc[t] = _mm512_fmadd_ps(ub->mw, _mm512_load_ps(x[t * xs + b].xs), acc[t]);
+            }
         }
         for (int t = 0; t < RN; t++) part[t * ROWS] = acc[t];
     }
@@ -621,9 +627,12 @@ inline __m512i table_plus_128(const int8_t* values) {
 
 // Each format's weights as unsigned bytes u = q + BIAS: pair(row, b, one), blocks b and b + 1 (b twice when
 // `one`: an odd block count's last block, whose second scale is 0); scales(row, b, one), float lanes 0-7 the
-// first block's scale, 8-15 the second's; scales8(w), the scales of the 8 blocks at w.
+// first block's scale, 8-15 the second's; scales8(w), the scales of the 8 blocks at w. Formats with a min
+// (MINS: Q4_1, Q5_1, BIAS 0) give mins(row, b, one) and mins8(w) as well: their products add
+// min x d_x x (sum of the activations) per block.
 template <class Block>
 struct Fp16Scales {
+    static constexpr bool MINS = false;
     static __m512 scales(const uint8_t* row, int64_t b, bool one) {
         const Block* x = (const Block*)row + b;
         return scales_of(x->d, one ? 0 : x[1].d);
@@ -677,6 +686,7 @@ struct UnpackIQ4NL : Fp16Scales<block_iq4_nl> {
     }
 };
 struct UnpackMXFP4 {
+    static constexpr bool MINS = false;
     using Block = block_mxfp4;
     static constexpr int BIAS = 128;
     static constexpr int BYTES = sizeof(Block);
@@ -695,6 +705,41 @@ struct UnpackMXFP4 {
         return _mm256_setr_ps(e8m0_to_fp32_half(x[0].e), e8m0_to_fp32_half(x[1].e), e8m0_to_fp32_half(x[2].e),
                               e8m0_to_fp32_half(x[3].e), e8m0_to_fp32_half(x[4].e), e8m0_to_fp32_half(x[5].e),
                               e8m0_to_fp32_half(x[6].e), e8m0_to_fp32_half(x[7].e));
+    }
+};
+// Q4_1 and Q5_1: u = q (Q5_1 the nibble plus 16 where the qh bit is set), BIAS 0, and the fp16 mins.
+template <bool FIVE>
+struct UnpackQ41 {
+    using Block = std::conditional_t<FIVE, block_q5_1, block_q4_1>;
+    static constexpr bool MINS = true;
+    static constexpr int BIAS = 0;
+    static constexpr int BYTES = sizeof(Block);
+    static __m512i pair(const uint8_t* row, int64_t b, bool one) {
+        const Block* x = (const Block*)row + b;
+        const Block* y = one ? x : x + 1;
+        const __m512i nib = nibbles_pair(x->qs, y->qs);
+        if constexpr (!FIVE) {
+            return nib;
+        } else {
+            uint32_t h0, h1;
+            std::memcpy(&h0, x->qh, 4);
+            std::memcpy(&h1, y->qh, 4);
+            return _mm512_mask_add_epi8(nib, _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), nib,
+                                        _mm512_set1_epi8(16));
+        }
+    }
+    static __m512 scales(const uint8_t* row, int64_t b, bool one) {
+        const Block* x = (const Block*)row + b;
+        return scales_of(x->d, one ? 0 : x[1].d);
+    }
+    static __m512 mins(const uint8_t* row, int64_t b, bool one) {
+        const Block* x = (const Block*)row + b;
+        return scales_of(x->m, one ? 0 : x[1].m);
+    }
+    static __m256 scales8(const uint8_t* w) { return fp16_scales8<Block>(w); }
+    static __m256 mins8(const uint8_t* w) {
+        auto m = [&](int j) { return (short)((const Block*)w)[j].m; };
+        return _mm256_cvtph_ps(_mm_setr_epi16(m(0), m(1), m(2), m(3), m(4), m(5), m(6), m(7)));
     }
 };
 // Blocks b and b + 1 with their scales (float lanes 0-7 and 8-15).
@@ -723,11 +768,12 @@ struct TileQ8A {
             for (int64_t b = 0; b < nb; b += 2) {
                 const bool one = b + 1 == nb;  // an odd block count: the last block alone
                 __m512i w[RM];
-                __m512 dw[RM];
+                __m512 dw[RM], mw[RM];
                 for (int r = 0; r < RM; r++) {
                     const uint8_t* row = a.W + (n + r) * a.wrb;
                     prefetch_block(row + b * U::BYTES, 2 * U::BYTES);
                     w[r] = load_pair<U>(row, b, one, &dw[r]);
+                    if constexpr (U::MINS) mw[r] = U::mins(row, b, one);
                 }
                 for (int t = 0; t < RN; t++) {
                     const block_q8_a* x = (const block_q8_a*)(a.X + (m + t) * a.xrb) + b;
@@ -738,9 +784,14 @@ struct TileQ8A {
                     const __m512 dx = pair_ps(x[0].d, one ? 0.f : x[1].d);
                     const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(),
                                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xv));
+                    __m512 xs = _mm512_setzero_ps();  // lane i: d_x x (sum of its 4 activations), for the mins
+                    if constexpr (U::MINS)
+                        xs = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                                                  _mm512_set1_epi8(1), xv)), dx);
                     for (int r = 0; r < RM; r++) {
                         const __m512i s = _mm512_dpbusd_epi32(start, w[r], xv);
                         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], dx), acc[r][t]);
+                        if constexpr (U::MINS) acc[r][t] = _mm512_fmadd_ps(mw[r], xs, acc[r][t]);
                     }
                 }
             }
@@ -774,7 +825,7 @@ void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
     const int64_t nb = K / QK, np = (nb + 1) / 2;
     struct Pair {
         __m512i x, start;
-        __m512 d;
+        __m512 d, xs;  // xs, lane i: d_x x (sum of its 4 activations), for the mins
     };
     thread_local std::vector<Pair> table;
     table.resize(np);
@@ -788,6 +839,10 @@ void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
                          : _mm512_inserti64x4(_mm512_castsi256_si512(xa), _mm256_loadu_si256((const __m256i*)x[b + 1].qs), 1);
         table[p].start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, table[p].x));
         table[p].d = pair_ps(x[b].d, one ? 0.f : x[b + 1].d);
+        if constexpr (U::MINS)
+            table[p].xs = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), table[p].x)),
+                table[p].d);
     }
     const Pair* tb = table.data();
     for (int64_t n = n0; n < n1; n++) {
@@ -799,6 +854,7 @@ void gemm_q8a(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
             const __m512i w = load_pair<U>(row, 2 * p, 2 * p + 1 == nb, &dw);
             const __m512i s = _mm512_dpbusd_epi32(tb[p].start, w, tb[p].x);
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, tb[p].d), acc);
+            if constexpr (U::MINS) acc = _mm512_fmadd_ps(U::mins(row, 2 * p, 2 * p + 1 == nb), tb[p].xs, acc);
         }
         Y[n] = _mm512_reduce_add_ps(acc);
     }
@@ -1083,10 +1139,13 @@ Kernels make_table() {
     // against 1.3x with one row, same run); Q8_0 at 4 tokens streams 25 GB/s with one row, 15 with two.
     k.gemm_q4_0 = gemm_q8a<UnpackQ4_0, 4>;
     k.gemm_q8_0 = gemm_q8a<UnpackQ8_0, 16>;
-    // Q5_0, IQ4_NL and MXFP4 the same way (their own unpacking, u = q + 16 or the values + 128)
+    // Q5_0, IQ4_NL, MXFP4, Q4_1 and Q5_1 the same way (their own unpacking: u = q + 16, the values + 128, or
+    // q and the mins)
     k.gemm_q5_0 = gemm_q8a<UnpackQ5_0, 4>;
     k.gemm_iq4_nl = gemm_q8a<UnpackIQ4NL, 4>;
     k.gemm_mxfp4 = gemm_q8a<UnpackMXFP4, 4>;
+    k.gemm_q4_1 = gemm_q8a<UnpackQ41<false>, 4>;
+    k.gemm_q5_1 = gemm_q8a<UnpackQ41<true>, 4>;
     return k;
 }
 
