@@ -1041,14 +1041,18 @@ struct TileCodes4R16 {
 // the unsigned codes u = q + 4 (0..7) of 4 weights of 16 rows: ql[n][t]'s 2 bits at 2 (v % 4) by a shift and
 // a mask, plus 4 by a masked byte add where bit v of qh[t] is set (vptestmb), each by vpdpbusd against the
 // token's 4 activations broadcast; words 0-3 of a vector are its group 2 v (16 weights), words 4-7 group
-// 2 v + 1. A group's sum drops 4 x the token's sum over it (block_q8_K's bsums) and is multiplied by each
-// row's scale (vpmulld); one float multiply-add per token and super-block (d x d_x). Exact int32 sums, so
-// bit for bit the AVX2 tile's results. Up to 8 tokens share each unpacked word. kbench, one thread,
-// 512 x 2048, Zen 4, ns per super-block row and token, AVX2 tile -> this one, one run: in cache 1 token
-// 7.93 -> 4.18, 4 tokens 4.75 -> 2.17, 8 3.28 -> 2.28, 64 2.91 -> 2.31; from memory 6.88 -> 7.12, 3.87 ->
-// 3.38, 3.54 -> 3.16, 2.99 -> 2.37 (with the loops over words and vectors not unrolled, the shifts by a
-// count in a register, 1 token in cache 5.87; one token from memory with the whole block prefetched at
-// the first vector 15.6, spread but to L1 only 14.9).
+// 2 v + 1. The two groups' sums (at most 16 x 7 x 127) go as an int16 pair per row through one vpdpwssd
+// against the rows' pair of scales, and the offset through a second against the pair of -4 x the token's
+// group sums (block_q8_K's bsums); one float multiply-add per token and super-block (d x d_x). Exact int32
+// sums, so bit for bit the AVX2 tile's results. Up to 8 tokens share each unpacked word. kbench, one
+// thread, 512 x 2048, Zen 4, ns per super-block row and token, AVX2 tile -> this one, one run: in cache
+// 1 token 7.93 -> 4.18, 4 tokens 4.75 -> 2.17, 8 3.28 -> 2.28, 64 2.91 -> 2.31; from memory 6.88 -> 7.12,
+// 3.87 -> 3.38, 3.54 -> 3.16, 2.99 -> 2.37 (with the loops over words and vectors not unrolled, the shifts
+// by a count in a register, 1 token in cache 5.87; one token from memory with the whole block prefetched at
+// the first vector 15.6, spread but to L1 only 14.9). Those figures are with each group's sum times its
+// scale by vpmulld, less 4 x the group's activation sum; the vpdpwssd pairs since, in cache, two runs:
+// 1 token 4.17 -> 3.77, 4 tokens 2.55 -> 1.94, 8 2.40 -> 1.95, 16 2.65 -> 2.12, 64 2.18 -> 1.87; from
+// memory 1 token 8.13 -> 7.34, 4 tokens 2.98 -> 2.28, 64 2.25 -> 1.97.
 struct TileQ3KR16 {
     using Block = block_q3_K_r16;
     static constexpr bool PAIRS = false;
@@ -1067,10 +1071,10 @@ struct TileQ3KR16 {
             const int n = v / 4, j = v % 4;
             // dword lane r: (sc_2v, sc_2v + 1) of row r as int16
             const __m512i scp = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)p.sc[v]));
+            __m512i sv[2][G];  // the sums of groups 2v, 2v + 1
 #pragma GCC unroll 2
             for (int gg = 0; gg < 2; gg++) {
-                __m512i sv[G];
-                for (int g = 0; g < G; g++) sv[g] = _mm512_setzero_si512();
+                for (int g = 0; g < G; g++) sv[gg][g] = _mm512_setzero_si512();
 #pragma GCC unroll 4
                 for (int t = 4 * gg; t < 4 * gg + 4; t++) {
                     const __m512i ql = _mm512_loadu_si512(p.ql[n][t]), qh = _mm512_loadu_si512(p.qh[t]);
@@ -1084,15 +1088,18 @@ struct TileQ3KR16 {
                     for (int g = 0; g < G; g++) {
                         int32_t a;
                         std::memcpy(&a, xs[g][s].qs + 32 * v + 4 * t, 4);
-                        sv[g] = _mm512_dpbusd_epi32(sv[g], u, _mm512_set1_epi32(a));
+                        sv[gg][g] = _mm512_dpbusd_epi32(sv[gg][g], u, _mm512_set1_epi32(a));
                     }
                 }
-                // the group's scale, sign-extended
-                const __m512i sc = gg ? _mm512_srai_epi32(scp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16);
-                for (int g = 0; g < G; g++) {
-                    const __m512i off = _mm512_set1_epi32(4 * (int32_t)xs[g][s].bsums[2 * v + gg]);
-                    isum[g] = _mm512_add_epi32(isum[g], _mm512_mullo_epi32(_mm512_sub_epi32(sv[g], off), sc));
-                }
+            }
+            // both groups' sums (<= 16 x 7 x 127) as an int16 pair per row, by vpdpwssd against the pair of
+            // scales; the offset as the pair of scales against the pair of -4 x the token's group sums
+            for (int g = 0; g < G; g++) {
+                const __m512i pair = _mm512_mask_blend_epi16(0xAAAAAAAA, sv[0][g], _mm512_slli_epi32(sv[1][g], 16));
+                isum[g] = _mm512_dpwssd_epi32(isum[g], pair, scp);
+                const int16_t* bs = xs[g][s].bsums + 2 * v;
+                const uint32_t off = (uint16_t)(-4 * bs[0]) | (uint32_t)(uint16_t)(-4 * bs[1]) << 16;
+                isum[g] = _mm512_dpwssd_epi32(isum[g], scp, _mm512_set1_epi32((int32_t)off));
             }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.d));
