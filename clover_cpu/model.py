@@ -239,11 +239,11 @@ class Model:
             room = memory_for_files()
             self._auto = prefetch == "auto" and room is not None and self.file.file_size > room
             self._prefetching, self._quiet, self._reads = prefetch == "on" or self._auto, 0, _disk_reads()
-            # q4_k, q3_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s layer weights repacked into memory of their own
-            # (16 rows per group: the kernels keep a row per vector lane), the file's pages released as each
-            # is done. auto: each format where the kernels have a product of their own for its repacked layout
-            # (q4_k, iq4_xs, iq3_xxs, iq3_s: AVX2 and the tables built on it, NEON with sdot; q3_k: AVX2 and
-            # the tables built on it; q5_k, q6_k: AVX2) and the
+            # q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s layer weights repacked into memory of
+            # their own (16 rows per group: the kernels keep a row per vector lane), the file's pages released as
+            # each is done. auto: each format where the kernels have a product of their own for its repacked
+            # layout (q4_k, iq4_xs, iq3_xxs, iq3_s: AVX2 and the tables built on it, NEON with sdot; q3_k: AVX2
+            # and the tables built on it; q2_k: AVX-512; q5_k, q6_k: AVX2) and the
             # file takes at most REPACK_SHARE of the memory available (a larger model pages from its file
             # instead: the copy could not be evicted). The same weights; results differ from the file
             # layout's in float rounding only.
@@ -699,9 +699,9 @@ def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_typ
     experts whose weights are not in memory are read from the disk all at once, before any is computed:
     "auto" (default: when the file is larger than the memory free for it, checked while the disk is being
     read), "on" (checked every forward, about 1 us per page checked), "off" (left to page faults). repack:
-    q4_k, q3_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s layer weights copied at load into a layout of 16 rows
-    per group, which the AVX2 kernels (q4_k, iq4_xs, iq3_xxs and iq3_s also AVX-512 and NEON dot-product;
-    q3_k also AVX-512) multiply faster (the file's pages are released as each is copied, so memory grows by
+    q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s layer weights copied at load into a layout of 16
+    rows per group, which the AVX2 kernels (q4_k, iq4_xs, iq3_xxs and iq3_s also AVX-512 and NEON
+    dot-product; q3_k also AVX-512; q2_k AVX-512 alone) multiply faster (the file's pages are released as each is copied, so memory grows by
     0-4%, and by 41% / 25% of the iq3_xxs / iq3_s weights' size, transcoded to 4 bits per weight): "auto"
     (default:
     where the CPU has those kernels and the file takes at most half the memory available), "on" (whatever the file's size; an error without those

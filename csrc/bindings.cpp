@@ -243,14 +243,14 @@ bool read_only_file_pages(const std::vector<Mapping>& maps, uintptr_t a, uintptr
 }
 
 // The formats repack_r16 makes (quants.h's R16Format): from q4_k (148 bytes per row and super-block), q3_k
-// (114), q5_k (180), q6_k (210), iq4_xs (138), iq3_xxs and iq3_s (138, transcoded to 4-bit codes).
+// (114), q2_k (84), q5_k (180), q6_k (210), iq4_xs (138), iq3_xxs and iq3_s (138, transcoded to 4-bit codes).
 const R16Format& r16_format(const std::string& name) {
     const TypeInfo& ti = parse_type(name);
     if (const R16Format* f = r16_format_of(ti.type); f && f->from == ti.type) return *f;
-    fail("repack_r16 takes q4_k, q3_k, q5_k, q6_k, iq4_xs, iq3_xxs or iq3_s weights, got " + name);
+    fail("repack_r16 takes q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs or iq3_s weights, got " + name);
 }
 
-// Weight arrays of format fmts[i] (q4_k, q3_k, q5_k, q6_k, iq4_xs, iq3_xxs, iq3_s) -> the same shapes in its _r16 layout: [rows, row_bytes]
+// Weight arrays of format fmts[i] (q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs, iq3_s) -> the same shapes in its _r16 layout: [rows, row_bytes]
 // or stacked experts [E, rows, row_bytes], rows a multiple of 16. The results are views of one buffer of
 // their own, 2 MB aligned (huge pages where the kernel gives them on request; one buffer, so no huge page
 // is left part-filled at the end of each array). release: where a source is a read-only shared mapping of

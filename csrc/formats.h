@@ -41,7 +41,9 @@ enum class Type : int32_t {
     // one weight row per vector lane. Never read from or written to a file (type_table leaves it out).
     Q4_K_R16 = 1012,
     // Not GGUF types either: q3_K, q5_K, q6_K, iq4_xs, iq3_xxs and iq3_s rows repacked at load in groups of 16
-    // (block_q3_K_r16, block_q5_K_r16, block_q6_K_r16, block_iq4_xs_r16, block_iq3_xxs_r16, block_iq3_s_r16).
+    // (block_q2_K_r16, block_q3_K_r16, block_q5_K_r16, block_q6_K_r16, block_iq4_xs_r16, block_iq3_xxs_r16,
+    // block_iq3_s_r16).
+    Q2_K_R16 = 1010,
     Q3_K_R16 = 1011,
     Q5_K_R16 = 1013,
     Q6_K_R16 = 1014,
@@ -140,6 +142,18 @@ struct block_q3_K_r16 {
     uint8_t qh[8][16][4];    // [word t][row][byte i]
 };
 static_assert(sizeof(block_q3_K_r16) == 16 * 114, "block_q3_K_r16 is 1824 bytes");
+
+// 16 rows of one q2_K super-block, repacked (repack_q2_K_r16): the 2-bit codes as block_q3_K_r16's ql (weight
+// 32 v + l of a row, v = 4 n + j, l = 4 t + i, at bits 2j of qs[n][t][row][i]: block_q2_K's qs, word t of each
+// 32-byte run per row), sc[g][row] the file's byte of group g (scale in the low nibble, min in the high
+// one). The same 84 bytes per row as the file.
+struct block_q2_K_r16 {
+    uint16_t d[16];           // fp16, per row
+    uint16_t dmin[16];        // fp16, per row
+    uint8_t sc[16][16];       // [group g][row]
+    uint8_t qs[2][8][16][4];  // [half n][word t][row][byte i]
+};
+static_assert(sizeof(block_q2_K_r16) == 16 * 84, "block_q2_K_r16 is 1344 bytes");
 
 // 16 rows of one q6_K super-block, repacked (repack_q6_K_r16), as block_q3_K_r16: weight 32 v + l of a row
 // (v = 4 n + k, l = 4 t + i) has its low 4 bits in the nibble k / 2 of ql[2 n + k % 2][t][row][i] and its
@@ -440,6 +454,22 @@ inline void r16_row(const P& p, int r, uint8_t qs[QK_K / 2], uint8_t sc[8], uint
         sc[j] = p.sc[j][r];
         m[j] = p.mn[j / 2][r][j & 1];
     }
+}
+
+// Row r of a repacked q2_K super-block as the file holds it (block_q2_K, byte for byte), and its inverse.
+inline void r16_row(const block_q2_K_r16& p, int r, block_q2_K& b) {
+    b.d = p.d[r];
+    b.dmin = p.dmin[r];
+    for (int g = 0; g < 16; g++) b.scales[g] = p.sc[g][r];
+    for (int n = 0; n < 2; n++)
+        for (int t = 0; t < 8; t++) std::memcpy(b.qs + 32 * n + 4 * t, p.qs[n][t][r], 4);
+}
+inline void r16_put(const block_q2_K& b, int r, block_q2_K_r16& p) {
+    p.d[r] = b.d;
+    p.dmin[r] = b.dmin;
+    for (int g = 0; g < 16; g++) p.sc[g][r] = b.scales[g];
+    for (int n = 0; n < 2; n++)
+        for (int t = 0; t < 8; t++) std::memcpy(p.qs[n][t][r], b.qs + 32 * n + 4 * t, 4);
 }
 
 // Row r of a repacked q3_K super-block as the file holds it (block_q3_K, byte for byte: the scales

@@ -34,9 +34,9 @@ struct Kernels {
     gemm_fn gemm_q4_1 = nullptr, gemm_q5_0 = nullptr, gemm_q5_1 = nullptr, gemm_q2_K = nullptr, gemm_q3_K = nullptr,
             gemm_iq2_xxs = nullptr, gemm_iq2_xs = nullptr, gemm_iq3_xxs = nullptr, gemm_iq4_nl = nullptr,
             gemm_iq3_s = nullptr, gemm_iq2_s = nullptr, gemm_iq4_xs = nullptr, gemm_mxfp4 = nullptr;
-    // q3_K, q5_K, q6_K, iq4_xs, iq3_xxs and iq3_s repacked at load (block_q3_K_r16, ...), as gemm_q4_K_r16; null where the table
+    // q2_K, q3_K, q5_K, q6_K, iq4_xs, iq3_xxs and iq3_s repacked at load (block_q2_K_r16, ...), as gemm_q4_K_r16; null where the table
     // has no kernel of its own (the loader then keeps the file's layout: has_native_r16).
-    gemm_fn gemm_q3_K_r16 = nullptr, gemm_q5_K_r16 = nullptr, gemm_q6_K_r16 = nullptr, gemm_iq4_xs_r16 = nullptr,
+    gemm_fn gemm_q2_K_r16 = nullptr, gemm_q3_K_r16 = nullptr, gemm_q5_K_r16 = nullptr, gemm_q6_K_r16 = nullptr, gemm_iq4_xs_r16 = nullptr,
             gemm_iq3_xxs_r16 = nullptr, gemm_iq3_s_r16 = nullptr;
 
     // The product for weights of type t (null for a type no kernel multiplies).
@@ -48,6 +48,8 @@ void gemm_q4_K_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, s
                        float* Y, int64_t ldy, int64_t n0, int64_t n1);
 // Whether the table multiplies q4_K_r16 weights with a kernel of its own (not the reference loops).
 inline bool has_native_q4_K_r16(const Kernels& k) { return k.gemm_q4_K_r16 != &gemm_q4_K_r16_ref; }
+void gemm_q2_K_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K, int M,
+                       float* Y, int64_t ldy, int64_t n0, int64_t n1);
 void gemm_q3_K_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K, int M,
                        float* Y, int64_t ldy, int64_t n0, int64_t n1);
 void gemm_q5_K_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K, int M,
@@ -63,6 +65,7 @@ void gemm_iq3_s_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, 
 // Whether the table multiplies weights of the repacked type t with a kernel of its own.
 inline bool has_native_r16(const Kernels& k, Type t) {
     return t == Type::Q4_K_R16   ? has_native_q4_K_r16(k)
+           : t == Type::Q2_K_R16 ? k.gemm_q2_K_r16 != nullptr
            : t == Type::Q3_K_R16 ? k.gemm_q3_K_r16 != nullptr
            : t == Type::Q5_K_R16 ? k.gemm_q5_K_r16 != nullptr
            : t == Type::Q6_K_R16 ? k.gemm_q6_K_r16 != nullptr

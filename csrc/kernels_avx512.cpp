@@ -1,7 +1,7 @@
-// AVX-512 (F, BW, VL) + VNNI kernels for q4_K, q5_K, q6_K, q4_0 and q8_0 and the layouts repacked at load of
-// q4_K, q3_K, iq4_xs, iq3_xxs and iq3_s (with model_ops_avx512.cpp the only files compiled with -mavx512*).
-// Every other format (the other low-bit types in the file's layout) runs the AVX2 kernels: kernels_avx512()
-// is the AVX2 table with these entries replaced.
+// AVX-512 (F, BW, VL) + VNNI kernels for q4_K, q5_K, q6_K, q4_0, q8_0, q5_0, q4_1, q5_1, iq4_nl and mxfp4, and
+// the layouts repacked at load of q4_K, q3_K, q2_K, iq4_xs, iq3_xxs and iq3_s (with model_ops_avx512.cpp the
+// only files compiled with -mavx512*). Every other format (the iq2 and iq3 types and q2_K, q3_K in the file's
+// layout) runs the AVX2 kernels: kernels_avx512() is the AVX2 table with these entries replaced.
 //
 // k-quants: one token (GEMV) runs one weight row at a time, 64 weights per register through
 // vpdpbusd, two registers' sums packed to int16 and vpmaddwd with the sub-block scales; two or more tokens
@@ -1127,6 +1127,99 @@ struct TileQ3KR16 {
     }
 };
 
+// ---- q2_K repacked (block_q2_K_r16) ----
+// As the q3_K tile without the high bit: per vector v and word t the codes q (0..3) of 4 weights of 16 rows
+// by a shift and a mask of qs[v / 4][t], each by vpdpbusd against the token's 4 activations broadcast; the
+// two groups' sums of a vector (at most 16 x 3 x 127) as an int16 pair per row through vpdpwssd against the
+// rows' pair of 4-bit scales, and the mins' share as the rows' pair of 4-bit mins against the token's pair
+// of group sums (block_q8_K's bsums), a second int32 sum; per token and super-block d x d_x times the one
+// and dmin x d_x times the other. Exact int32 sums. Up to 8 tokens share each unpacked word.
+struct TileQ2KR16 {
+    using Block = block_q2_K_r16;
+    static constexpr bool PAIRS = false;
+    static constexpr gemm_fn ref = &gemm_q2_K_r16_ref;
+    static constexpr int GMAX = 8;
+    static constexpr int LINES = (int)(sizeof(Block) + 63) / 64;
+
+    // int16 lane 2r + i: the byte of group 2v + i of row r (from the 32 bytes sc[2v], sc[2v + 1])
+    __attribute__((always_inline)) static __m512i pairs(const Block& p, int v, __m512i interleave) {
+        return _mm512_permutexvar_epi16(interleave, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p.sc[2 * v])));
+    }
+    template <int G, Prefetch PF>
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, __m512* acc) {
+        constexpr int FAR = G >= 2 ? 12288 : 8192;  // (as the q3_K tile)
+        const __m512i m3 = _mm512_set1_epi8(3);
+        const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                    23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        __m512i isum[G];
+        for (int g = 0; g < G; g++) isum[g] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            const int n = v / 4, j = v % 4;
+            const __m512i scp = _mm512_and_si512(pairs(p, v, interleave), _mm512_set1_epi16(0x0f));
+            __m512i sv[2][G];  // the sums of groups 2v, 2v + 1
+#pragma GCC unroll 2
+            for (int gg = 0; gg < 2; gg++) {
+                for (int g = 0; g < G; g++) sv[gg][g] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int t = 4 * gg; t < 4 * gg + 4; t++) {
+                    // the block ahead, a line every other word, to L1 and L2
+                    if ((8 * v + t) % 2 == 0 && (8 * v + t) / 2 < LINES)
+                        prefetch_r16<PF, PREFETCH_BYTES, FAR>((const char*)&p + 64 * ((8 * v + t) / 2));
+                    const __m512i q = _mm512_loadu_si512(p.qs[n][t]);
+                    const __m512i u = _mm512_and_si512(j ? _mm512_srli_epi16(q, 2 * j) : q, m3);
+                    for (int g = 0; g < G; g++) {
+                        int32_t a;
+                        std::memcpy(&a, xs[g][s].qs + 32 * v + 4 * t, 4);
+                        sv[gg][g] = _mm512_dpbusd_epi32(sv[gg][g], u, _mm512_set1_epi32(a));
+                    }
+                }
+            }
+            for (int g = 0; g < G; g++) {
+                const __m512i pair = _mm512_mask_blend_epi16(0xAAAAAAAA, sv[0][g], _mm512_slli_epi32(sv[1][g], 16));
+                isum[g] = _mm512_dpwssd_epi32(isum[g], pair, scp);
+            }
+        }
+        // the mins' share after the products (its sums in registers of their own would leave room for 6 tokens)
+        __m512i msum[G];
+        for (int g = 0; g < G; g++) msum[g] = _mm512_setzero_si512();
+        for (int v = 0; v < 8; v++) {
+            const __m512i mnp = _mm512_srli_epi16(pairs(p, v, interleave), 4);
+            for (int g = 0; g < G; g++) {
+                int32_t bp;
+                std::memcpy(&bp, xs[g][s].bsums + 2 * v, 4);
+                msum[g] = _mm512_dpwssd_epi32(msum[g], mnp, _mm512_set1_epi32(bp));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.d));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.dmin));
+        for (int g = 0; g < G; g++) {
+            const __m512 dx = _mm512_set1_ps(xs[g][s].d);
+            acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g]), _mm512_mul_ps(d, dx), acc[g]);
+            acc[g] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[g]), _mm512_mul_ps(dmin, dx), acc[g]);
+        }
+    }
+    template <int G>
+    static void rows(const Block* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const*, float* y,
+                     int64_t ldy) {
+        __m512 acc[G];
+        for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
+        for (int64_t s = 0; s < nsb; s++) superblock<G, Prefetch::L1>(P[s], s, xs, acc);
+        for (int g = 0; g < G; g++) _mm512_storeu_ps(y + g * ldy, acc[g]);
+    }
+    template <int G>
+    static void step(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*, float* acc,
+                     bool first) {
+        __m512 a[G];
+        for (int g = 0; g < G; g++) a[g] = _mm512_load_ps(acc + 16 * g);
+        if (first)
+            superblock<G, Prefetch::L2>(p, s, xs, a);
+        else
+            superblock<G, Prefetch::NONE>(p, s, xs, a);
+        for (int g = 0; g < G; g++) _mm512_store_ps(acc + 16 * g, a[g]);
+    }
+};
+
 Kernels make_table() {
     Kernels k = *kernels_avx2();
     k.isa = "avx512";  // (family stays "avx2": the model operators and the rest of the table are AVX2's)
@@ -1139,6 +1232,7 @@ Kernels make_table() {
     k.gemm_q5_K_r16 = nullptr;  // (gemm_q45k streams the file's layout; AVX2's repacked tile not measured here)
     k.gemm_q6_K_r16 = nullptr;  // (gemm_q6k streams the file's layout; AVX2's repacked tile not measured here)
     k.gemm_q3_K_r16 = gemm_r16<TileQ3KR16>;
+    k.gemm_q2_K_r16 = gemm_r16<TileQ2KR16>;
     k.gemm_iq4_xs_r16 = gemm_r16<TileCodes4R16<CodesIQ4XS>>;
     k.gemm_iq3_xxs_r16 = gemm_r16<TileCodes4R16<CodesIQ3XXS>>;
     k.gemm_iq3_s_r16 = gemm_r16<TileCodes4R16<CodesIQ3S>>;

@@ -187,6 +187,11 @@ void gemm_r16_rows_ref(gemm_fn file_ref, const uint8_t* W, size_t wb, const uint
 }
 }  // namespace
 
+void gemm_q2_K_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y,
+                       int64_t ldy, int64_t n0, int64_t n1) {
+    gemm_r16_rows_ref<block_q2_K_r16, block_q2_K>(kernels_ref().gemm_q2_K, W, wb, X, xb, K, M, Y, ldy, n0, n1);
+}
+
 void gemm_q3_K_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y,
                        int64_t ldy, int64_t n0, int64_t n1) {
     gemm_r16_rows_ref<block_q3_K_r16, block_q3_K>(kernels_ref().gemm_q3_K, W, wb, X, xb, K, M, Y, ldy, n0, n1);
@@ -326,6 +331,7 @@ gemm_fn Kernels::gemm(Type t) const {
         case Type::Q5_K: return gemm_q5_K;
         case Type::Q6_K: return gemm_q6_K;
         case Type::Q4_K_R16: return gemm_q4_K_r16;
+        case Type::Q2_K_R16: return gemm_q2_K_r16 ? gemm_q2_K_r16 : &gemm_q2_K_r16_ref;
         case Type::Q3_K_R16: return gemm_q3_K_r16 ? gemm_q3_K_r16 : &gemm_q3_K_r16_ref;
         case Type::IQ4_XS_R16: return gemm_iq4_xs_r16 ? gemm_iq4_xs_r16 : &gemm_iq4_xs_r16_ref;
         case Type::Q6_K_R16: return gemm_q6_K_r16 ? gemm_q6_K_r16 : &gemm_q6_K_r16_ref;

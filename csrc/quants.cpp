@@ -409,6 +409,7 @@ const TypeInfo TYPES[] = {
     {Type::IQ2_XXS, "iq2_xxs", QK_K, (int)sizeof(block_iq2_xxs)},
     // a row's share of its group: 16 rows of a super-block are one block_q4_K_r16
     {Type::Q4_K_R16, "q4_k_r16", QK_K, (int)sizeof(block_q4_K_r16) / R16},
+    {Type::Q2_K_R16, "q2_k_r16", QK_K, (int)sizeof(block_q2_K_r16) / R16},
     {Type::Q3_K_R16, "q3_k_r16", QK_K, (int)sizeof(block_q3_K_r16) / R16},
     {Type::IQ4_XS_R16, "iq4_xs_r16", QK_K, (int)sizeof(block_iq4_xs_r16) / R16},
     {Type::Q6_K_R16, "q6_k_r16", QK_K, (int)sizeof(block_q6_K_r16) / R16},
@@ -456,6 +457,12 @@ void dequantize_r16_rows(Type file_type, const uint8_t* src, float* dst, int64_t
 
 void repack_q4_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
     repack_r16_rows<block_q4_K_r16, block_q4_K>(src, src_row_bytes, g0, g1, k, dst);
+}
+void repack_q2_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    repack_r16_rows<block_q2_K_r16, block_q2_K>(src, src_row_bytes, g0, g1, k, dst);
+}
+void dequantize_q2_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
+    dequantize_r16_rows<block_q2_K_r16, block_q2_K>(Type::Q2_K, src, dst, n_groups, k);
 }
 void repack_q3_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
     repack_r16_rows<block_q3_K_r16, block_q3_K>(src, src_row_bytes, g0, g1, k, dst);
@@ -512,6 +519,7 @@ namespace {
 constexpr R16Format R16_FORMATS[] = {
     {Type::Q4_K, Type::Q4_K_R16, &repack_q4_K_r16, &dequantize_q4_K_r16},
     {Type::Q3_K, Type::Q3_K_R16, &repack_q3_K_r16, &dequantize_q3_K_r16},
+    {Type::Q2_K, Type::Q2_K_R16, &repack_q2_K_r16, &dequantize_q2_K_r16},
     {Type::Q5_K, Type::Q5_K_R16, &repack_q5_K_r16, &dequantize_q5_K_r16},
     {Type::Q6_K, Type::Q6_K_R16, &repack_q6_K_r16, &dequantize_q6_K_r16},
     {Type::IQ4_XS, Type::IQ4_XS_R16, &repack_iq4_xs_r16, &dequantize_iq4_xs_r16},
@@ -564,6 +572,7 @@ ActFormat act_format(Type t) {
         case Type::Q6_K:
         case Type::Q4_K_R16:
         case Type::Q3_K_R16:
+        case Type::Q2_K_R16:
         case Type::IQ4_XS_R16:
         case Type::Q6_K_R16:
         case Type::Q5_K_R16:
@@ -644,6 +653,7 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
                 break;
             case Type::Q4_K_R16:  // layouts made at load (repack_*_r16), not quantized to (callers refuse them)
             case Type::Q3_K_R16:
+            case Type::Q2_K_R16:
             case Type::IQ4_XS_R16:
             case Type::Q6_K_R16:
             case Type::Q5_K_R16:
@@ -694,6 +704,7 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
                 break;
             case Type::Q4_K_R16:  // handled above, by groups of rows
             case Type::Q3_K_R16:
+            case Type::Q2_K_R16:
             case Type::IQ4_XS_R16:
             case Type::Q6_K_R16:
             case Type::Q5_K_R16:

@@ -45,6 +45,9 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
 // group g written at dst + g * 16 * row_bytes(q4_k_r16, k). Lossless: the same weights.
 void repack_q4_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
 void dequantize_q4_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
+// q2_K rows in groups of 16 -> block_q2_K_r16, as repack_q4_K_r16 (row share 84 bytes, as the file). Lossless.
+void repack_q2_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
+void dequantize_q2_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
 // q3_K rows in groups of 16 -> block_q3_K_r16, as repack_q4_K_r16 (row share 114 bytes). Lossless.
 void repack_q3_K_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
 void dequantize_q3_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);

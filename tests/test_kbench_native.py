@@ -35,7 +35,7 @@ def run(kbench, *args):
     return subprocess.run([str(kbench), *args], capture_output=True, text=True, env=ENV, timeout=300)
 
 
-@pytest.mark.parametrize("fmt", ["q4_K", "q4_K_r16", "q3_K_r16", "q5_K_r16", "q6_K_r16", "iq4_xs_r16", "iq3_xxs_r16",
+@pytest.mark.parametrize("fmt", ["q4_K", "q4_K_r16", "q3_K_r16", "q2_K_r16", "q5_K_r16", "q6_K_r16", "iq4_xs_r16", "iq3_xxs_r16",
                                  "iq3_s_r16", "q6_K", "q8_0"])
 def test_kbench_table_and_json(kbench, tmp_path, fmt):
     js = tmp_path / "k.json"
@@ -62,7 +62,7 @@ def test_kbench_every_isa_agrees_with_the_reference(kbench):
         assert f"isa {isa}," in r.stdout
         # a thread's share of the rows, not in whole groups of 16: the repacked kernels hand the partial
         # groups at both ends to the reference loops (kernel_r16.h), which nothing in Python reaches
-        for fmt in ("q4_k_r16", "q3_k_r16", "q5_k_r16", "q6_k_r16", "iq4_xs_r16", "iq3_xxs_r16", "iq3_s_r16", "q4_k"):
+        for fmt in ("q4_k_r16", "q3_k_r16", "q2_k_r16", "q5_k_r16", "q6_k_r16", "iq4_xs_r16", "iq3_xxs_r16", "iq3_s_r16", "q4_k"):
             r = run(kbench, "--type", fmt, "--rows", "96", "--k", "512", "--range", "3:90", "--tokens", "1,5,9,33,50",
                     "--reps", "1", "--isa", isa)
             assert r.returncode == 0, (isa, fmt, r.stderr)

@@ -1,5 +1,6 @@
-"""q4_k, q3_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s weights repacked at load into groups of 16 rows (formats
-"q4_k_r16", "q3_k_r16", "q5_k_r16", "q6_k_r16", "iq4_xs_r16", "iq3_xxs_r16", "iq3_s_r16", csrc/formats.h): the
+"""q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s weights repacked at load into groups of 16 rows (formats
+"q4_k_r16", "q3_k_r16", "q2_k_r16", "q5_k_r16", "q6_k_r16", "iq4_xs_r16", "iq3_xxs_r16", "iq3_s_r16",
+csrc/formats.h): the
 same weights, the reference kernel's results bit for bit,
 every ISA's within rounding, the model's forward with and without it."""
 
@@ -18,8 +19,8 @@ ISAS = clover_cpu.system_info()["available_isas"]
 TOL_VS_REF = 2e-5  # the same integer sums; the float work in another order
 
 
-# bytes per row and super-block, repacked (144, 110, 176, 210, 136, 98, 110 in the file)
-SHARE = {"q4_k": 148, "q3_k": 114, "q5_k": 180, "q6_k": 210, "iq4_xs": 138, "iq3_xxs": 138, "iq3_s": 138}
+# bytes per row and super-block, repacked (144, 110, 84, 176, 210, 136, 98, 110 in the file)
+SHARE = {"q4_k": 148, "q3_k": 114, "q2_k": 84, "q5_k": 180, "q6_k": 210, "iq4_xs": 138, "iq3_xxs": 138, "iq3_s": 138}
 BLOCK = {"iq3_xxs": 98, "iq3_s": 110}  # (raw blocks: no quantizer here; the fp16 d first)
 FORMATS = list(SHARE)
 
@@ -67,7 +68,7 @@ def test_one_call_repacks_every_format(rng):
         assert np.array_equal(kernels.dequantize(r, f + "_r16"), kernels.dequantize(w, f))
     with pytest.raises(ValueError, match="2 arrays but 1 formats"):
         kernels.repack_r16(ws[:2], ["q4_k"])
-    with pytest.raises(ValueError, match="takes q4_k, q3_k, q5_k, q6_k, iq4_xs, iq3_xxs or iq3_s"):
+    with pytest.raises(ValueError, match="takes q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs or iq3_s"):
         kernels.repack_r16(ws[:1], "q8_0")
 
 
@@ -131,9 +132,10 @@ def test_raw_blocks_and_extreme_activations(rng):
 
 # Raw blocks per format: (block bytes, where the fp16 scales lie (d; q5_K's d and dmin), the code bytes, (code
 # byte for the rows at the int16 chains' largest, code byte for the other extreme)): q3_K every weight 3 or
-# -4, q5_K 31 or 0, q6_K 31 or -32, iq4_xs nibble 0 (-127, one vpmaddubsw pair at 2 x 127 x 127) or 15,
+# -4, q2_K 3 or 0 (every scale and min byte random), q5_K 31 or 0, q6_K 31 or -32, iq4_xs nibble 0 (-127, one vpmaddubsw pair at 2 x 127 x 127) or 15,
 # iq3_xxs / iq3_s last grid entry with every sign set and scale 31, or entry 0 with none and scale 1.
 RAW = {"q3_k": (110, slice(108, 110), slice(0, 96), (0xFF, 0x00)),
+       "q2_k": (84, slice(80, 84), slice(16, 80), (0xFF, 0x00)),
        "q5_k": (176, slice(0, 4), slice(16, 176), (0xFF, 0x00)),
        "q6_k": (210, slice(208, 210), slice(0, 192), (0xFF, 0x00)),
        "iq4_xs": (136, slice(0, 2), slice(8, 136), (0x00, 0xFF)),
@@ -169,7 +171,8 @@ def test_raw_low_bit_blocks_and_extreme_activations(fmt, rng):
 
 def test_native_kernel_where_it_exists():
     # the loader repacks only for kernels that have a product of their own (q4_k, iq4_xs, iq3_xxs, iq3_s: AVX2,
-    # AVX-VNNI, AVX-512, and NEON on a CPU with sdot; q3_k: AVX2 and the tables built on it; q5_k, q6_k: AVX2 alone,
+    # AVX-VNNI, AVX-512, and NEON on a CPU with sdot; q3_k: AVX2 and the tables built on it; q2_k: AVX-512 alone;
+    # q5_k, q6_k: AVX2 alone,
     # the AVX-VNNI and AVX-512 tables multiply their file layouts with their own); the others carry the loops
     assert not any(kernels.has_native_r16(f, "ref") for f in kernels.R16_FORMATS)
     dotprod = clover_cpu.system_info()["cpu_features"].get("dotprod", False)
@@ -178,6 +181,7 @@ def test_native_kernel_where_it_exists():
         for fmt in ("iq4_xs", "iq3_xxs", "iq3_s"):
             assert kernels.has_native_r16(fmt, isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
         assert kernels.has_native_r16("q3_k", isa) == (isa in ("avx2", "avxvnni", "avx512"))
+        assert kernels.has_native_r16("q2_k", isa) == (isa == "avx512")
         for fmt in ("q5_k", "q6_k"):
             assert kernels.has_native_r16(fmt, isa) == (isa == "avx2")
 

@@ -5,8 +5,8 @@
 // one of its parts). Built by bench/native/build_kbench.sh.
 //
 //   kbench --type q4_K --rows 512 --k 2048 --isa avx512 --tokens 1,2,3,4,8 [--dram] [--json FILE]
-// (--type q4_k_r16 / q3_k_r16 / q5_k_r16 / q6_k_r16 / iq4_xs_r16 / iq3_xxs_r16 / iq3_s_r16: the file type's weights repacked as the loader does, checked
-// against the file layout's reference product;
+// (--type q4_k_r16 / q3_k_r16 / q2_k_r16 / q5_k_r16 / q6_k_r16 / iq4_xs_r16 / iq3_xxs_r16 / iq3_s_r16: the file
+// type's weights repacked as the loader does, checked against the file layout's reference product;
 // --range N0:N1: only rows [N0, N1) of each product, as a thread's share would be, the rest of the output
 // checked to be left alone)
 #include <algorithm>

@@ -92,8 +92,9 @@ def add_parser(sub) -> None:
                    "ahead of use: auto (default) does it when the model file is larger than the free memory "
                    "(it cannot stay in the page cache), on always, off leaves it to page faults")
     p.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
-                   help="copy the q4_k, q3_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s layer weights at load into the "
-                   "layout the AVX2 kernels (q4_k, iq4_xs, iq3_* also NEON dot-product) multiply fastest (0-4%% more "
+                   help="copy the q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s layer weights at load into "
+                   "the layout the AVX2 and AVX-512 kernels (q4_k, iq4_xs, iq3_* also NEON dot-product; q2_k AVX-512 "
+                   "alone) multiply fastest (0-4%% more "
                    "memory, iq3_xxs 41%% and iq3_s 25%% more, the file's pages released): auto (default) where the "
                    "CPU has those kernels "
                    "and the model takes at most half the free memory, on whatever its size (an error without those "
