@@ -619,6 +619,14 @@ inline __m512i nibbles_pair(const uint8_t* qs0, const uint8_t* qs1) {
     const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
     return _mm512_and_si512(_mm512_srlv_epi64(v, shift), _mm512_set1_epi8(0x0f));
 }
+// nibbles_pair plus 16 where the blocks' qh bits are set (a masked byte add): Q5_0's and Q5_1's 5-bit codes.
+inline __m512i five_bits_pair(const uint8_t* qs0, const uint8_t* qh0, const uint8_t* qs1, const uint8_t* qh1) {
+    uint32_t h0, h1;
+    std::memcpy(&h0, qh0, 4);
+    std::memcpy(&h1, qh1, 4);
+    const __m512i nib = nibbles_pair(qs0, qs1);
+    return _mm512_mask_add_epi8(nib, _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), nib, _mm512_set1_epi8(16));
+}
 // A table of 16 signed values as unsigned bytes (value + 128) in every 128-bit lane, for vpshufb.
 inline __m512i table_plus_128(const int8_t* values) {
     return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)values)),
@@ -668,11 +676,7 @@ struct UnpackQ5_0 : Fp16Scales<block_q5_0> {
     static __m512i pair(const uint8_t* row, int64_t b, bool one) {
         const Block* x = (const Block*)row + b;
         const Block* y = one ? x : x + 1;
-        uint32_t h0, h1;
-        std::memcpy(&h0, x->qh, 4);
-        std::memcpy(&h1, y->qh, 4);
-        const __m512i nib = nibbles_pair(x->qs, y->qs);
-        return _mm512_mask_add_epi8(nib, _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), nib, _mm512_set1_epi8(16));
+        return five_bits_pair(x->qs, x->qh, y->qs, y->qh);
     }
 };
 // IQ4_NL and MXFP4: the nibbles looked up in the format's 16 values plus 128 (vpshufb).
@@ -717,16 +721,10 @@ struct UnpackQ41 {
     static __m512i pair(const uint8_t* row, int64_t b, bool one) {
         const Block* x = (const Block*)row + b;
         const Block* y = one ? x : x + 1;
-        const __m512i nib = nibbles_pair(x->qs, y->qs);
-        if constexpr (!FIVE) {
-            return nib;
-        } else {
-            uint32_t h0, h1;
-            std::memcpy(&h0, x->qh, 4);
-            std::memcpy(&h1, y->qh, 4);
-            return _mm512_mask_add_epi8(nib, _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), nib,
-                                        _mm512_set1_epi8(16));
-        }
+        if constexpr (!FIVE)
+            return nibbles_pair(x->qs, y->qs);
+        else
+            return five_bits_pair(x->qs, x->qh, y->qs, y->qh);
     }
     static __m512 scales(const uint8_t* row, int64_t b, bool one) {
         const Block* x = (const Block*)row + b;
@@ -929,30 +927,41 @@ inline void r16_superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K*
     }
 }
 
-// kernel_r16.h's Tile: up to 6 tokens share each weight load (6 sums, 12 chains and 2 weight vectors in
-// registers).
-struct TileR16 {
-    static constexpr int GMAX = 6;
+// rows and step (kernel_r16.h's Tile) of a tile T whose superblock<G, PF>(p, s, xs, bsp, acc) adds super-block
+// s of the 16 rows at p to G sums in registers (acc[g], lane r: row r's dot with token g).
+template <class T>
+struct R16SumsInRegisters {
     // G tokens over every super-block, the sums in registers (all the call's tokens in one group).
-    template <int G>
-    static void rows(const block_q4_K_r16* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp,
-                     float* y, int64_t ldy) {
+    template <int G, class Block>
+    static void rows(const Block* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const* bsp, float* y,
+                     int64_t ldy) {
         __m512 acc[G];
         for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
-        for (int64_t s = 0; s < nsb; s++) r16_superblock<G, Prefetch::L1>(P[s], s, xs, bsp, acc);
+        for (int64_t s = 0; s < nsb; s++) T::template superblock<G, Prefetch::L1>(P[s], s, xs, bsp, acc);
         for (int g = 0; g < G; g++) _mm512_storeu_ps(y + g * ldy, acc[g]);
     }
     // One super-block for one of several groups: the group's sums wait in L1 (acc) between super-blocks.
-    template <int G>
-    static void step(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
-                     float* acc, bool first) {
+    template <int G, class Block>
+    static void step(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp, float* acc,
+                     bool first) {
         __m512 a[G];
         for (int g = 0; g < G; g++) a[g] = _mm512_load_ps(acc + 16 * g);
         if (first)
-            r16_superblock<G, Prefetch::L2>(p, s, xs, bsp, a);
+            T::template superblock<G, Prefetch::L2>(p, s, xs, bsp, a);
         else
-            r16_superblock<G, Prefetch::NONE>(p, s, xs, bsp, a);
+            T::template superblock<G, Prefetch::NONE>(p, s, xs, bsp, a);
         for (int g = 0; g < G; g++) _mm512_store_ps(acc + 16 * g, a[g]);
+    }
+};
+
+// kernel_r16.h's Tile for q4_K: up to 6 tokens share each weight load (6 sums, 12 chains and 2 weight vectors in
+// registers).
+struct TileR16 : R16SumsInRegisters<TileR16> {
+    static constexpr int GMAX = 6;
+    template <int G, Prefetch PF>
+    static void superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
+                           __m512* acc) {
+        r16_superblock<G, PF>(p, s, xs, bsp, acc);
     }
 };
 
@@ -966,7 +975,7 @@ struct TileR16 {
 // integer sums are exact, so the results equal the AVX2 tile's bit for bit. 64 vpdpbusd per super-block,
 // 16 rows and token, as q4_K's tile; up to 6 tokens share each weight load.
 template <class C>
-struct TileCodes4R16 {
+struct TileCodes4R16 : R16SumsInRegisters<TileCodes4R16<C>> {
     using Block = typename C::Block;
     static constexpr bool PAIRS = false;  // (the group sums come from block_q8_K's bsums)
     static constexpr gemm_fn ref = C::REF;
@@ -974,7 +983,7 @@ struct TileCodes4R16 {
     static constexpr int HEAD_LINES = (int)(offsetof(Block, qs) + 63) / 64;
 
     template <int G, Prefetch PF>
-    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, __m512i* isum) {
+    static void group_sums(const Block& p, int64_t s, const block_q8_K* const* xs, __m512i* isum) {
         constexpr int FAR = G >= 2 ? 12288 : 0;  // (as TileR16)
         for (int k = 0; k < HEAD_LINES; k++) prefetch_r16<PF, PREFETCH_BYTES, FAR>((const char*)&p + 64 * k);
         const __m512i lo4 = _mm512_set1_epi8(0x0f);
@@ -1006,35 +1015,41 @@ struct TileCodes4R16 {
     }
     // acc[g] (lane r) += super-block s's share of row r's dot with token g
     template <int G, Prefetch PF>
-    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, __m512* acc) {
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*,
+                           __m512* acc) {
         __m512i isum[G];
         for (int g = 0; g < G; g++) isum[g] = _mm512_setzero_si512();
-        superblock<G, PF>(p, s, xs, isum);
+        group_sums<G, PF>(p, s, xs, isum);
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.d));
         if constexpr (C::FACTOR != 1.f) d = _mm512_mul_ps(d, _mm512_set1_ps(C::FACTOR));
         for (int g = 0; g < G; g++)
             acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g]), _mm512_mul_ps(d, _mm512_set1_ps(xs[g][s].d)), acc[g]);
     }
-    template <int G>
-    static void rows(const Block* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const*, float* y,
-                     int64_t ldy) {
-        __m512 acc[G];
-        for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
-        for (int64_t s = 0; s < nsb; s++) superblock<G, Prefetch::L1>(P[s], s, xs, acc);
-        for (int g = 0; g < G; g++) _mm512_storeu_ps(y + g * ldy, acc[g]);
-    }
-    template <int G>
-    static void step(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*, float* acc,
-                     bool first) {
-        __m512 a[G];
-        for (int g = 0; g < G; g++) a[g] = _mm512_load_ps(acc + 16 * g);
-        if (first)
-            superblock<G, Prefetch::L2>(p, s, xs, a);
-        else
-            superblock<G, Prefetch::NONE>(p, s, xs, a);
-        for (int g = 0; g < G; g++) _mm512_store_ps(acc + 16 * g, a[g]);
-    }
 };
+
+// The q3_K and q2_K tiles' inner loop: the sums of vector v's two groups of 16 weights (words 0-3 and 4-7)
+// for G tokens, sv[i][g] lane r = row r's codes of group 2v + i (code(t): 4 weights of 16 rows for word t,
+// unsigned) against token g's activations (vpdpbusd), with the block at p prefetched ahead, a line every
+// other word, to L1 and L2 (FAR bytes ahead).
+template <int G, Prefetch PF, int FAR, int LINES, class Code>
+__attribute__((always_inline)) inline void vector_sums(const void* p, int64_t s, const block_q8_K* const* xs, int v,
+                                                       Code code, __m512i (*sv)[G]) {
+#pragma GCC unroll 2
+    for (int gg = 0; gg < 2; gg++) {
+        for (int g = 0; g < G; g++) sv[gg][g] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int t = 4 * gg; t < 4 * gg + 4; t++) {
+            if ((8 * v + t) % 2 == 0 && (8 * v + t) / 2 < LINES)
+                prefetch_r16<PF, PREFETCH_BYTES, FAR>((const char*)p + 64 * ((8 * v + t) / 2));
+            const __m512i u = code(t);
+            for (int g = 0; g < G; g++) {
+                int32_t a;
+                std::memcpy(&a, xs[g][s].qs + 32 * v + 4 * t, 4);
+                sv[gg][g] = _mm512_dpbusd_epi32(sv[gg][g], u, _mm512_set1_epi32(a));
+            }
+        }
+    }
+}
 
 // ---- q3_K repacked (block_q3_K_r16) ----
 // One row per int32 lane, 16 rows per register. Per vector v (weights 32 v .., half n = v / 4) and word t,
@@ -1053,7 +1068,7 @@ struct TileCodes4R16 {
 // scale by vpmulld, less 4 x the group's activation sum; the vpdpwssd pairs since, in cache, two runs:
 // 1 token 4.17 -> 3.77, 4 tokens 2.55 -> 1.94, 8 2.40 -> 1.95, 16 2.65 -> 2.12, 64 2.18 -> 1.87; from
 // memory 1 token 8.13 -> 7.34, 4 tokens 2.98 -> 2.28, 64 2.25 -> 1.97.
-struct TileQ3KR16 {
+struct TileQ3KR16 : R16SumsInRegisters<TileQ3KR16> {
     using Block = block_q3_K_r16;
     static constexpr bool PAIRS = false;
     static constexpr gemm_fn ref = &gemm_q3_K_r16_ref;
@@ -1061,7 +1076,8 @@ struct TileQ3KR16 {
     static constexpr int LINES = (int)(sizeof(Block) + 63) / 64;
 
     template <int G, Prefetch PF>
-    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, __m512* acc) {
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*,
+                           __m512* acc) {
         constexpr int FAR = G >= 2 ? 12288 : 8192;  // (see above)
         const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4);
         __m512i isum[G];
@@ -1072,26 +1088,13 @@ struct TileQ3KR16 {
             // dword lane r: (sc_2v, sc_2v + 1) of row r as int16
             const __m512i scp = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)p.sc[v]));
             __m512i sv[2][G];  // the sums of groups 2v, 2v + 1
-#pragma GCC unroll 2
-            for (int gg = 0; gg < 2; gg++) {
-                for (int g = 0; g < G; g++) sv[gg][g] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int t = 4 * gg; t < 4 * gg + 4; t++) {
-                    const __m512i ql = _mm512_loadu_si512(p.ql[n][t]), qh = _mm512_loadu_si512(p.qh[t]);
-                    // the block ahead, a line every other word, to L1 and L2 (8 KB ahead) even for one token
-                    if ((8 * v + t) % 2 == 0 && (8 * v + t) / 2 < LINES)
-                        prefetch_r16<PF, PREFETCH_BYTES, FAR>((const char*)&p + 64 * ((8 * v + t) / 2));
-                    // the low 2 bits, and 4 where bit v of qh is set
-                    const __m512i lo = _mm512_and_si512(j ? _mm512_srli_epi16(ql, 2 * j) : ql, m3);
-                    const __m512i u =
-                        _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, _mm512_set1_epi8((char)(1 << v))), lo, m4);
-                    for (int g = 0; g < G; g++) {
-                        int32_t a;
-                        std::memcpy(&a, xs[g][s].qs + 32 * v + 4 * t, 4);
-                        sv[gg][g] = _mm512_dpbusd_epi32(sv[gg][g], u, _mm512_set1_epi32(a));
-                    }
-                }
-            }
+            // (the block ahead to L2 8 KB ahead even for one token)
+            vector_sums<G, PF, FAR, LINES>(&p, s, xs, v, [&](int t) __attribute__((always_inline)) {
+                const __m512i ql = _mm512_loadu_si512(p.ql[n][t]), qh = _mm512_loadu_si512(p.qh[t]);
+                // the low 2 bits, and 4 where bit v of qh is set
+                const __m512i lo = _mm512_and_si512(j ? _mm512_srli_epi16(ql, 2 * j) : ql, m3);
+                return _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, _mm512_set1_epi8((char)(1 << v))), lo, m4);
+            }, sv);
             // both groups' sums (<= 16 x 7 x 127) as an int16 pair per row, by vpdpwssd against the pair of
             // scales; the offset as the pair of scales against the pair of -4 x the token's group sums
             for (int g = 0; g < G; g++) {
@@ -1106,25 +1109,6 @@ struct TileQ3KR16 {
         for (int g = 0; g < G; g++)
             acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g]), _mm512_mul_ps(d, _mm512_set1_ps(xs[g][s].d)), acc[g]);
     }
-    template <int G>
-    static void rows(const Block* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const*, float* y,
-                     int64_t ldy) {
-        __m512 acc[G];
-        for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
-        for (int64_t s = 0; s < nsb; s++) superblock<G, Prefetch::L1>(P[s], s, xs, acc);
-        for (int g = 0; g < G; g++) _mm512_storeu_ps(y + g * ldy, acc[g]);
-    }
-    template <int G>
-    static void step(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*, float* acc,
-                     bool first) {
-        __m512 a[G];
-        for (int g = 0; g < G; g++) a[g] = _mm512_load_ps(acc + 16 * g);
-        if (first)
-            superblock<G, Prefetch::L2>(p, s, xs, a);
-        else
-            superblock<G, Prefetch::NONE>(p, s, xs, a);
-        for (int g = 0; g < G; g++) _mm512_store_ps(acc + 16 * g, a[g]);
-    }
 };
 
 // ---- q2_K repacked (block_q2_K_r16) ----
@@ -1134,7 +1118,7 @@ struct TileQ3KR16 {
 // rows' pair of 4-bit scales, and the mins' share as the rows' pair of 4-bit mins against the token's pair
 // of group sums (block_q8_K's bsums), a second int32 sum; per token and super-block d x d_x times the one
 // and dmin x d_x times the other. Exact int32 sums. Up to 8 tokens share each unpacked word.
-struct TileQ2KR16 {
+struct TileQ2KR16 : R16SumsInRegisters<TileQ2KR16> {
     using Block = block_q2_K_r16;
     static constexpr bool PAIRS = false;
     static constexpr gemm_fn ref = &gemm_q2_K_r16_ref;
@@ -1146,7 +1130,8 @@ struct TileQ2KR16 {
         return _mm512_permutexvar_epi16(interleave, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p.sc[2 * v])));
     }
     template <int G, Prefetch PF>
-    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, __m512* acc) {
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*,
+                           __m512* acc) {
         constexpr int FAR = G >= 2 ? 12288 : 8192;  // (as the q3_K tile)
         const __m512i m3 = _mm512_set1_epi8(3);
         const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
@@ -1158,23 +1143,10 @@ struct TileQ2KR16 {
             const int n = v / 4, j = v % 4;
             const __m512i scp = _mm512_and_si512(pairs(p, v, interleave), _mm512_set1_epi16(0x0f));
             __m512i sv[2][G];  // the sums of groups 2v, 2v + 1
-#pragma GCC unroll 2
-            for (int gg = 0; gg < 2; gg++) {
-                for (int g = 0; g < G; g++) sv[gg][g] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int t = 4 * gg; t < 4 * gg + 4; t++) {
-                    // the block ahead, a line every other word, to L1 and L2
-                    if ((8 * v + t) % 2 == 0 && (8 * v + t) / 2 < LINES)
-                        prefetch_r16<PF, PREFETCH_BYTES, FAR>((const char*)&p + 64 * ((8 * v + t) / 2));
-                    const __m512i q = _mm512_loadu_si512(p.qs[n][t]);
-                    const __m512i u = _mm512_and_si512(j ? _mm512_srli_epi16(q, 2 * j) : q, m3);
-                    for (int g = 0; g < G; g++) {
-                        int32_t a;
-                        std::memcpy(&a, xs[g][s].qs + 32 * v + 4 * t, 4);
-                        sv[gg][g] = _mm512_dpbusd_epi32(sv[gg][g], u, _mm512_set1_epi32(a));
-                    }
-                }
-            }
+            vector_sums<G, PF, FAR, LINES>(&p, s, xs, v, [&](int t) __attribute__((always_inline)) {
+                const __m512i q = _mm512_loadu_si512(p.qs[n][t]);
+                return _mm512_and_si512(j ? _mm512_srli_epi16(q, 2 * j) : q, m3);
+            }, sv);
             for (int g = 0; g < G; g++) {
                 const __m512i pair = _mm512_mask_blend_epi16(0xAAAAAAAA, sv[0][g], _mm512_slli_epi32(sv[1][g], 16));
                 isum[g] = _mm512_dpwssd_epi32(isum[g], pair, scp);
@@ -1198,25 +1170,6 @@ struct TileQ2KR16 {
             acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g]), _mm512_mul_ps(d, dx), acc[g]);
             acc[g] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[g]), _mm512_mul_ps(dmin, dx), acc[g]);
         }
-    }
-    template <int G>
-    static void rows(const Block* P, int64_t nsb, const block_q8_K* const* xs, const int32_t* const*, float* y,
-                     int64_t ldy) {
-        __m512 acc[G];
-        for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
-        for (int64_t s = 0; s < nsb; s++) superblock<G, Prefetch::L1>(P[s], s, xs, acc);
-        for (int g = 0; g < G; g++) _mm512_storeu_ps(y + g * ldy, acc[g]);
-    }
-    template <int G>
-    static void step(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*, float* acc,
-                     bool first) {
-        __m512 a[G];
-        for (int g = 0; g < G; g++) a[g] = _mm512_load_ps(acc + 16 * g);
-        if (first)
-            superblock<G, Prefetch::L2>(p, s, xs, a);
-        else
-            superblock<G, Prefetch::NONE>(p, s, xs, a);
-        for (int g = 0; g < G; g++) _mm512_store_ps(acc + 16 * g, a[g]);
     }
 };
 
