@@ -43,9 +43,9 @@ def repack_r16(ws, formats, *, release: bool = False) -> list[np.ndarray]:
     """Weights, each [rows, row_bytes] or stacked experts [E, rows, row_bytes] with rows a multiple of 16,
     in formats (one name for all, or one per array, of R16_FORMATS) -> the same shapes in NAME_r16: 16
     rows per group, one row per vector lane, scales decoded (148 bytes per row and super-block against
-    q4_k's 144; 114 against q3_k's 110; q2_k's 84 as they are; 180 against q5_k's 176; q6_k's 210 as they are; 138 against
-    iq4_xs's 136; iq3_xxs and iq3_s transcoded to 4-bit codes, 138 against 98 and 110). The same weights.
-    The results are views of one buffer of their own. release: where a
+    q4_k's 144; 114 against q3_k's 110; q2_k's 84 as they are; 180 against q5_k's 176; q6_k's 210 as they
+    are; 138 against iq4_xs's 136; iq3_xxs and iq3_s transcoded to 4-bit codes, 138 against 98 and 110).
+    The same weights. The results are views of one buffer of their own. release: where a
     source lies in a read-only shared mapping of a file (Linux; as mmap.ACCESS_READ and np.memmap(mode="r")
     make), its whole pages are dropped from this process once it is copied (they stay in the page cache and
     fault back in if read); other memory is left alone."""
@@ -60,8 +60,8 @@ def has_native_r16(fmt: str, isa: str | None = None) -> bool:
     repack_r16 with a product of their own: q4_k, iq4_xs, iq3_xxs and iq3_s on AVX2, AVX-VNNI, AVX-512 (the
     tables built on AVX2's) and NEON with the dot-product extension; q3_k on AVX2, AVX-VNNI and AVX-512; q2_k
     on AVX-512 alone; q5_k and q6_k on AVX2 alone (the AVX-VNNI and AVX-512 tables have products of their own
-    for them on the file's layout). The others multiply it with the scalar reference loops, so the loader keeps the file's
-    layout there."""
+    for them on the file's layout). The others multiply it with the scalar reference loops, so the loader
+    keeps the file's layout there."""
     return _core.has_native_r16(fmt, isa)
 
 

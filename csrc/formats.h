@@ -40,7 +40,7 @@ enum class Type : int32_t {
     // Not a GGUF type: q4_K rows repacked at load in groups of 16 (block_q4_K_r16), for kernels that keep
     // one weight row per vector lane. Never read from or written to a file (type_table leaves it out).
     Q4_K_R16 = 1012,
-    // Not GGUF types either: q3_K, q5_K, q6_K, iq4_xs, iq3_xxs and iq3_s rows repacked at load in groups of 16
+    // Not GGUF types either: q2_K, q3_K, q5_K, q6_K, iq4_xs, iq3_xxs and iq3_s rows repacked at load in groups of 16
     // (block_q2_K_r16, block_q3_K_r16, block_q5_K_r16, block_q6_K_r16, block_iq4_xs_r16, block_iq3_xxs_r16,
     // block_iq3_s_r16).
     Q2_K_R16 = 1010,
