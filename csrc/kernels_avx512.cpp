@@ -604,11 +604,16 @@ inline __m512 scales_of(uint16_t a, uint16_t b) {
                                                    _mm_set1_epi16((short)b), 1));
 }
 
-// The 8 fp16 scales of 8 blocks that start with them (Q4_0, Q8_0, Q5_0, IQ4_NL).
+// 8 fp16 fields f of the 8 blocks at w (their scales d, or Q4_1's and Q5_1's mins m) as floats.
 template <class Block>
-inline __m256 fp16_scales8(const uint8_t* w) {
-    auto d = [&](int j) { return (short)((const Block*)w)[j].d; };
-    return _mm256_cvtph_ps(_mm_setr_epi16(d(0), d(1), d(2), d(3), d(4), d(5), d(6), d(7)));
+inline __m256 fp16_fields8(const uint8_t* w, uint16_t Block::*f) {
+    auto h = [&](int j) { return (short)(((const Block*)w)[j].*f); };
+    return _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
+}
+// float lanes 0-7 = a, 8-15 = b
+inline __m512 pair_ps(float a, float b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(a)),
+                                               _mm256_castps_pd(_mm256_set1_ps(b)), 1));
 }
 // The 64 nibbles of two blocks' 16 bytes each, in weight order (a block's weights 0-15 in the low nibbles,
 // 16-31 in the high ones, so 128-bit lanes 1 and 3 shift by 4).
@@ -637,72 +642,54 @@ inline __m512i table_plus_128(const int8_t* values) {
 // `one`: an odd block count's last block, whose second scale is 0); scales(row, b, one), float lanes 0-7 the
 // first block's scale, 8-15 the second's; scales8(w), the scales of the 8 blocks at w. Formats with a min
 // (MINS: Q4_1, Q5_1, BIAS 0) give mins(row, b, one) and mins8(w) as well: their products add
-// min x d_x x (sum of the activations) per block.
-template <class Block>
-struct Fp16Scales {
+// min x d_x x (sum of the activations) per block. Blocks32 holds what they share: the block type, bias and
+// size, blocks b and b + 1 of a row (at, next), and the scales of the formats whose blocks start with an fp16
+// d (MXFP4 has its own).
+template <class B, int BIAS_>
+struct Blocks32 {
+    using Block = B;
+    static constexpr int BIAS = BIAS_;
+    static constexpr int BYTES = sizeof(B);
     static constexpr bool MINS = false;
+    static const B* at(const uint8_t* row, int64_t b) { return (const B*)row + b; }
+    static const B* next(const uint8_t* row, int64_t b, bool one) { return (const B*)row + b + (one ? 0 : 1); }
     static __m512 scales(const uint8_t* row, int64_t b, bool one) {
-        const Block* x = (const Block*)row + b;
-        return scales_of(x->d, one ? 0 : x[1].d);
+        return scales_of(at(row, b)->d, one ? 0 : next(row, b, one)->d);
     }
-    static __m256 scales8(const uint8_t* w) { return fp16_scales8<Block>(w); }
+    static __m256 scales8(const uint8_t* w) { return fp16_fields8<B>(w, &B::d); }
 };
-struct UnpackQ4_0 : Fp16Scales<block_q4_0> {
-    using Block = block_q4_0;
-    static constexpr int BIAS = 8;
-    static constexpr int BYTES = sizeof(Block);
+struct UnpackQ4_0 : Blocks32<block_q4_0, 8> {
     static __m512i pair(const uint8_t* row, int64_t b, bool one) {
-        const Block* x = (const Block*)row + b;
-        return nibbles_pair(x->qs, (one ? x : x + 1)->qs);
+        return nibbles_pair(at(row, b)->qs, next(row, b, one)->qs);
     }
 };
-struct UnpackQ8_0 : Fp16Scales<block_q8_0> {
-    using Block = block_q8_0;
-    static constexpr int BIAS = 128;
-    static constexpr int BYTES = sizeof(Block);
+struct UnpackQ8_0 : Blocks32<block_q8_0, 128> {
     static __m512i pair(const uint8_t* row, int64_t b, bool one) {
-        const Block* x = (const Block*)row + b;
-        const Block* y = one ? x : x + 1;
-        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)x->qs)),
-                                             _mm256_loadu_si256((const __m256i*)y->qs), 1);
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)at(row, b)->qs)),
+                                             _mm256_loadu_si256((const __m256i*)next(row, b, one)->qs), 1);
         return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
     }
 };
-// Q5_0: the nibble plus 16 where the block's qh bit is set (a masked byte add), so u = q + 16.
-struct UnpackQ5_0 : Fp16Scales<block_q5_0> {
-    using Block = block_q5_0;
-    static constexpr int BIAS = 16;
-    static constexpr int BYTES = sizeof(Block);
+// Q5_0: the nibble plus 16 where the block's qh bit is set, so u = q + 16.
+struct UnpackQ5_0 : Blocks32<block_q5_0, 16> {
     static __m512i pair(const uint8_t* row, int64_t b, bool one) {
-        const Block* x = (const Block*)row + b;
-        const Block* y = one ? x : x + 1;
+        const Block *x = at(row, b), *y = next(row, b, one);
         return five_bits_pair(x->qs, x->qh, y->qs, y->qh);
     }
 };
 // IQ4_NL and MXFP4: the nibbles looked up in the format's 16 values plus 128 (vpshufb).
-struct UnpackIQ4NL : Fp16Scales<block_iq4_nl> {
-    using Block = block_iq4_nl;
-    static constexpr int BIAS = 128;
-    static constexpr int BYTES = sizeof(Block);
+struct UnpackIQ4NL : Blocks32<block_iq4_nl, 128> {
     static __m512i pair(const uint8_t* row, int64_t b, bool one) {
-        const Block* x = (const Block*)row + b;
-        return _mm512_shuffle_epi8(table_plus_128(kvalues_iq4nl), nibbles_pair(x->qs, (one ? x : x + 1)->qs));
+        return _mm512_shuffle_epi8(table_plus_128(kvalues_iq4nl), nibbles_pair(at(row, b)->qs, next(row, b, one)->qs));
     }
 };
-struct UnpackMXFP4 {
-    static constexpr bool MINS = false;
-    using Block = block_mxfp4;
-    static constexpr int BIAS = 128;
-    static constexpr int BYTES = sizeof(Block);
+struct UnpackMXFP4 : Blocks32<block_mxfp4, 128> {
     static __m512i pair(const uint8_t* row, int64_t b, bool one) {
-        const Block* x = (const Block*)row + b;
-        return _mm512_shuffle_epi8(table_plus_128(kvalues_mxfp4), nibbles_pair(x->qs, (one ? x : x + 1)->qs));
+        return _mm512_shuffle_epi8(table_plus_128(kvalues_mxfp4), nibbles_pair(at(row, b)->qs, next(row, b, one)->qs));
     }
+    // the E8M0 scales
     static __m512 scales(const uint8_t* row, int64_t b, bool one) {
-        const Block* x = (const Block*)row + b;
-        const float d0 = e8m0_to_fp32_half(x->e), d1 = one ? 0.f : e8m0_to_fp32_half(x[1].e);
-        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(d0)),
-                                                   _mm256_castps_pd(_mm256_set1_ps(d1)), 1));
+        return pair_ps(e8m0_to_fp32_half(at(row, b)->e), one ? 0.f : e8m0_to_fp32_half(next(row, b, one)->e));
     }
     static __m256 scales8(const uint8_t* w) {
         const Block* x = (const Block*)w;
@@ -713,32 +700,21 @@ struct UnpackMXFP4 {
 };
 // Q4_1 and Q5_1: u = q (Q5_1 the nibble plus 16 where the qh bit is set), BIAS 0, and the fp16 mins.
 template <bool FIVE>
-struct UnpackQ41 {
-    using Block = std::conditional_t<FIVE, block_q5_1, block_q4_1>;
+struct UnpackQ41 : Blocks32<std::conditional_t<FIVE, block_q5_1, block_q4_1>, 0> {
+    using Base = Blocks32<std::conditional_t<FIVE, block_q5_1, block_q4_1>, 0>;
+    using Block = typename Base::Block;
     static constexpr bool MINS = true;
-    static constexpr int BIAS = 0;
-    static constexpr int BYTES = sizeof(Block);
     static __m512i pair(const uint8_t* row, int64_t b, bool one) {
-        const Block* x = (const Block*)row + b;
-        const Block* y = one ? x : x + 1;
+        const Block *x = Base::at(row, b), *y = Base::next(row, b, one);
         if constexpr (!FIVE)
             return nibbles_pair(x->qs, y->qs);
         else
             return five_bits_pair(x->qs, x->qh, y->qs, y->qh);
     }
-    static __m512 scales(const uint8_t* row, int64_t b, bool one) {
-        const Block* x = (const Block*)row + b;
-        return scales_of(x->d, one ? 0 : x[1].d);
-    }
     static __m512 mins(const uint8_t* row, int64_t b, bool one) {
-        const Block* x = (const Block*)row + b;
-        return scales_of(x->m, one ? 0 : x[1].m);
+        return scales_of(Base::at(row, b)->m, one ? 0 : Base::next(row, b, one)->m);
     }
-    static __m256 scales8(const uint8_t* w) { return fp16_scales8<Block>(w); }
-    static __m256 mins8(const uint8_t* w) {
-        auto m = [&](int j) { return (short)((const Block*)w)[j].m; };
-        return _mm256_cvtph_ps(_mm_setr_epi16(m(0), m(1), m(2), m(3), m(4), m(5), m(6), m(7)));
-    }
+    static __m256 mins8(const uint8_t* w) { return fp16_fields8<Block>(w, &Block::m); }
 };
 // Blocks b and b + 1 with their scales (float lanes 0-7 and 8-15).
 template <class U>
@@ -747,11 +723,6 @@ inline __m512i load_pair(const uint8_t* row, int64_t b, bool one, __m512* dw) {
     return U::pair(row, b, one);
 }
 
-// float lanes 0-7 = a, 8-15 = b
-inline __m512 pair_ps(float a, float b) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(a)),
-                                               _mm256_castps_pd(_mm256_set1_ps(b)), 1));
-}
 
 template <typename U>
 struct TileQ8A {
