@@ -700,11 +700,10 @@ def load(path, *, threads: int | None = None, ctx_len: int | None = None, kv_typ
     "auto" (default: when the file is larger than the memory free for it, checked while the disk is being
     read), "on" (checked every forward, about 1 us per page checked), "off" (left to page faults). repack:
     q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s layer weights copied at load into a layout of 16
-    rows per group, which the AVX2 kernels (q4_k, iq4_xs, iq3_xxs and iq3_s also AVX-512 and NEON
-    dot-product; q3_k also AVX-512; q2_k AVX-512 alone) multiply faster (the file's pages are released as
-    each is copied, so memory grows by 0-4%, and by 41% / 25% of the iq3_xxs / iq3_s weights' size,
-    transcoded to 4 bits per weight): "auto"
-    (default:
-    where the CPU has those kernels and the file takes at most half the memory available), "on" (whatever the file's size; an error without those
-    kernels), "off"."""
+    rows per group, which the kernels multiply faster (q4_k, iq4_xs, iq3_xxs and iq3_s: AVX2, AVX-512 and NEON
+    dot-product; q3_k AVX2 and AVX-512; q2_k AVX-512 alone; q5_k and q6_k AVX2 alone: AVX-512's GEMV on the
+    file's layout streams them faster at one token) (the file's pages are released as each is copied, so memory
+    grows by 0-4%, and by 41% / 25% of the iq3_xxs / iq3_s weights' size, transcoded to 4 bits per weight):
+    "auto" (default: where the CPU has those kernels and the file takes at most half the memory available),
+    "on" (whatever the file's size; an error without those kernels), "off"."""
     return Model(path, threads=threads, ctx_len=ctx_len, kv_type=kv_type, prefetch=prefetch, repack=repack)

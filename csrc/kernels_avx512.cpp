@@ -899,8 +899,16 @@ inline void r16_superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K*
 }
 
 // rows and step (kernel_r16.h's Tile) of a tile T whose superblock<G, PF>(p, s, xs, bsp, acc) adds super-block
-// s of the 16 rows at p to G sums in registers (acc[g], lane r: row r's dot with token g).
-template <class T>
+// s of the 16 rows at p to G sums in registers (acc[g], lane r: row r's dot with token g). LARGE: T's
+// superblock is large code (its loops unrolled whole: the q3_K and q2_K tiles, 8-11 KB at 8 tokens), so step
+// runs one body for every group of a panel, the first group's prefetch (the block 12 KB ahead, to L2) issued
+// before it. With a body per prefetch kind, two such bodies alternate; one body, kbench, one thread, 512 x 2048
+// in cache (8192 x 2048 from memory), ns per super-block row and token at 12 / 16 / 64 tokens, two runs: q3_K
+// 1.95 / 2.11 / 1.86 -> 1.81 / 1.77 / 1.78 (2.10-2.13 / 2.21-2.24 / 2.01 -> 1.97-2.12 / 1.91-2.00 / 1.90),
+// q2_K 1.52-1.88 / 1.66 / 1.64-1.66 -> 1.50 / 1.50-1.51 / 1.51 (1.58-1.60 / 1.72 / 1.72-1.73 -> 1.58-1.59 /
+// 1.58 / 1.59-1.63). Prefetching in every group's body instead cost 1.5-2.5x (AMD's prefetches to L2 fill L1
+// too, where the activations are). The q4_K and 4-bit code tiles keep a body per kind (one body: 1-6% slower).
+template <class T, bool LARGE = true>
 struct R16SumsInRegisters {
     // G tokens over every super-block, the sums in registers (all the call's tokens in one group).
     template <int G, class Block>
@@ -917,17 +925,22 @@ struct R16SumsInRegisters {
                      bool first) {
         __m512 a[G];
         for (int g = 0; g < G; g++) a[g] = _mm512_load_ps(acc + 16 * g);
-        if (first)
-            T::template superblock<G, Prefetch::L2>(p, s, xs, bsp, a);
-        else
+        if constexpr (LARGE) {
+            if (first)
+                for (size_t k = 0; k < sizeof(Block); k += 64) __builtin_prefetch((const char*)&p + 12288 + k, 0, 2);
             T::template superblock<G, Prefetch::NONE>(p, s, xs, bsp, a);
+        } else if (first) {
+            T::template superblock<G, Prefetch::L2>(p, s, xs, bsp, a);
+        } else {
+            T::template superblock<G, Prefetch::NONE>(p, s, xs, bsp, a);
+        }
         for (int g = 0; g < G; g++) _mm512_store_ps(acc + 16 * g, a[g]);
     }
 };
 
 // kernel_r16.h's Tile for q4_K: up to 6 tokens share each weight load (6 sums, 12 chains and 2 weight vectors in
 // registers).
-struct TileR16 : R16SumsInRegisters<TileR16> {
+struct TileR16 : R16SumsInRegisters<TileR16, false> {
     static constexpr int GMAX = 6;
     template <int G, Prefetch PF>
     static void superblock(const block_q4_K_r16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
@@ -946,7 +959,7 @@ struct TileR16 : R16SumsInRegisters<TileR16> {
 // integer sums are exact, so the results equal the AVX2 tile's bit for bit. 64 vpdpbusd per super-block,
 // 16 rows and token, as q4_K's tile; up to 6 tokens share each weight load.
 template <class C>
-struct TileCodes4R16 : R16SumsInRegisters<TileCodes4R16<C>> {
+struct TileCodes4R16 : R16SumsInRegisters<TileCodes4R16<C>, false> {
     using Block = typename C::Block;
     static constexpr bool PAIRS = false;  // (the group sums come from block_q8_K's bsums)
     static constexpr gemm_fn ref = C::REF;
@@ -1153,8 +1166,11 @@ Kernels make_table() {
     k.gemm_q5_K = gemm_q45k<true>;
     k.gemm_q6_K = gemm_q6k;
     k.gemm_q4_K_r16 = gemm_r16<TileR16>;
-    k.gemm_q5_K_r16 = nullptr;  // (gemm_q45k streams the file's layout; AVX2's repacked tile not measured here)
-    k.gemm_q6_K_r16 = nullptr;  // (gemm_q6k streams the file's layout; AVX2's repacked tile not measured here)
+    // (q5_K and q6_K: gemm_q45k and gemm_q6k stream the file's layout; AVX-512 tiles for their repacked layouts
+    // were faster in cache and from 4-8 tokens but slower from memory at one token, and the model's one-token
+    // forwards lost 12-17%: bench/NOTES.md, 2026-12-06, "q5_K and q6_K repacked on AVX-512")
+    k.gemm_q5_K_r16 = nullptr;
+    k.gemm_q6_K_r16 = nullptr;
     k.gemm_q3_K_r16 = gemm_r16<TileQ3KR16>;
     k.gemm_q2_K_r16 = gemm_r16<TileQ2KR16>;
     k.gemm_iq4_xs_r16 = gemm_r16<TileCodes4R16<CodesIQ4XS>>;
