@@ -84,6 +84,11 @@ def write_checkpoint(out: Path) -> None:
 
 def make(a) -> int:
     work = Path(a.work)
+    for need in (Path(a.llama_src) / "convert_hf_to_gguf.py", Path(a.llama_bin) / "llama-quantize"):
+        if not need.exists():
+            print(f"bench_diffusion_peer.py: {need} is missing (bench/setup_peers.sh builds llama.cpp b11434)",
+                  file=sys.stderr)
+            return 2
     ckpt, q8, q4 = work / "rnd1-ckpt", work / "rnd1-q8_0.gguf", work / "rnd1-q4_k_m.gguf"
     if not q4.exists():
         if not q8.exists():
@@ -110,8 +115,18 @@ PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n
 def run(a) -> int:
     model = Path(a.work) / "rnd1-q4_k_m.gguf"
     cli = Path(a.llama_bin) / "llama-diffusion-cli"
+    for need, how in ((model, "run `make` first"), (cli, "bench/setup_peers.sh builds it")):
+        if not need.exists():
+            print(f"bench_diffusion_peer.py: {need} is missing ({how})", file=sys.stderr)
+            return 2
+    try:
+        steps_list = [int(x) for x in a.steps.split(",")]
+    except ValueError:
+        print(f"bench_diffusion_peer.py: --steps takes step counts separated by commas, not {a.steps!r}",
+              file=sys.stderr)
+        return 2
     rows = []
-    for steps in [int(s) for s in a.steps.split(",")]:
+    for steps in steps_list:
         cmd = [str(cli), "-m", str(model), "-p", PROMPT, "-ub", str(a.length), "-b", str(a.length), "-c", str(a.length),
                "--diffusion-block-length", "32", "--diffusion-steps", str(steps), "--temp", "0", "-t", str(a.threads),
                "--seed", "1"]
