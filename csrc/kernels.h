@@ -62,17 +62,10 @@ void gemm_iq3_xxs_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X
                           float* Y, int64_t ldy, int64_t n0, int64_t n1);
 void gemm_iq3_s_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K, int M,
                         float* Y, int64_t ldy, int64_t n0, int64_t n1);
-// Whether the table multiplies weights of the repacked type t with a kernel of its own.
-inline bool has_native_r16(const Kernels& k, Type t) {
-    return t == Type::Q4_K_R16   ? has_native_q4_K_r16(k)
-           : t == Type::Q2_K_R16 ? k.gemm_q2_K_r16 != nullptr
-           : t == Type::Q3_K_R16 ? k.gemm_q3_K_r16 != nullptr
-           : t == Type::Q5_K_R16 ? k.gemm_q5_K_r16 != nullptr
-           : t == Type::Q6_K_R16 ? k.gemm_q6_K_r16 != nullptr
-           : t == Type::IQ3_XXS_R16 ? k.gemm_iq3_xxs_r16 != nullptr
-           : t == Type::IQ3_S_R16 ? k.gemm_iq3_s_r16 != nullptr
-                                 : t == Type::IQ4_XS_R16 && k.gemm_iq4_xs_r16 != nullptr;
-}
+// Whether the table multiplies weights of the repacked type t with a kernel of its own: its product for t
+// (Kernels::gemm, which falls back to the reference loops where the table has none) is not the reference
+// table's.
+inline bool has_native_r16(const Kernels& k, Type t) { return k.gemm(t) != kernels_ref().gemm(t); }
 // Defined only in builds that compile the ISA file; null when the host compiler cannot target it.
 const Kernels* kernels_avx2();
 const Kernels* kernels_avx512();  // the AVX2 table with AVX-512 VNNI k-quant kernels

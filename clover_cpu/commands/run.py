@@ -92,13 +92,12 @@ def add_parser(sub) -> None:
                    "ahead of use: auto (default) does it when the model file is larger than the free memory "
                    "(it cannot stay in the page cache), on always, off leaves it to page faults")
     p.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
-                   help="copy the q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s layer weights at load into "
-                   "the layout the AVX2 and AVX-512 kernels (q4_k, iq4_xs, iq3_* also NEON dot-product; q2_k AVX-512 "
-                   "alone) multiply fastest (0-4%% more "
-                   "memory, iq3_xxs 41%% and iq3_s 25%% more, the file's pages released): auto (default) where the "
-                   "CPU has those kernels "
-                   "and the model takes at most half the free memory, on whatever its size (an error without those "
-                   "kernels), off keeps the file's layout")
+                   help="copy layer weights at load into a layout of 16 rows per group that this CPU's kernels "
+                   "multiply faster: q4_k, iq4_xs, iq3_xxs and iq3_s on AVX2, AVX-512 and NEON dot-product; q3_k on "
+                   "AVX2 and AVX-512; q2_k on AVX-512; q5_k and q6_k on AVX2 (0-4%% more memory, iq3_xxs 41%% and "
+                   "iq3_s 25%% more, the file's pages released). auto (default): where the CPU has those kernels "
+                   "and the model takes at most half the free memory; on: whatever its size (an error without those "
+                   "kernels); off: the file's layout")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout, nothing else")
     p.add_argument("--stats", action="store_true", help="print speed statistics at the end (to stderr)")
     p.add_argument("--show-steps", action="store_true", help="redraw the block as masks turn into tokens")
