@@ -34,6 +34,18 @@ const Kernels* kernels_avx512() { return nullptr; }
 #if !defined(CLOVER_HAVE_AVXVNNI)
 const Kernels* kernels_avxvnni() { return nullptr; }
 #endif
+#if !defined(CLOVER_HAVE_AVX512_VBMI)
+void add_avx512_vbmi(Kernels&) {}
+#endif
+
+bool cpu_has_avx512vbmi_bitalg() {
+#if defined(CLOVER_HAVE_AVX512_VBMI)
+    const CpuFeatures f = cpu_features();
+    return f.avx512vbmi && f.avx512bitalg;
+#else
+    return false;
+#endif
+}
 
 CpuFeatures cpu_features() {
     CpuFeatures f;
@@ -51,6 +63,8 @@ CpuFeatures cpu_features() {
     f.avx512bw = __builtin_cpu_supports("avx512bw");
     f.avx512vl = __builtin_cpu_supports("avx512vl");
     f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+    f.avx512vbmi = __builtin_cpu_supports("avx512vbmi");
+    f.avx512bitalg = __builtin_cpu_supports("avx512bitalg");
     // AVX-VNNI: CPUID leaf 7, subleaf 1, EAX bit 4 (read directly: GCC names it in
     // __builtin_cpu_supports only from version 11); the OS's 256-bit state is what avx2 already checked.
     unsigned max_leaf;

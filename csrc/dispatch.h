@@ -9,7 +9,7 @@ namespace clover {
 
 struct CpuFeatures {
     bool avx2 = false, fma = false, f16c = false, avx512f = false;
-    bool avx512bw = false, avx512vl = false, avx512vnni = false, avxvnni = false;
+    bool avx512bw = false, avx512vl = false, avx512vnni = false, avx512vbmi = false, avx512bitalg = false, avxvnni = false;
     bool neon = false, dotprod = false, i8mm = false;
 };
 

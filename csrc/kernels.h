@@ -69,6 +69,9 @@ inline bool has_native_r16(const Kernels& k, Type t) { return k.gemm(t) != kerne
 // Defined only in builds that compile the ISA file; null when the host compiler cannot target it.
 const Kernels* kernels_avx2();
 const Kernels* kernels_avx512();  // the AVX2 table with AVX-512 VNNI k-quant kernels
+// The AVX-512 VBMI + BITALG products (kernels_avx512_vbmi.cpp) put into the AVX-512 table, on CPUs that report both.
+void add_avx512_vbmi(Kernels& k);
+bool cpu_has_avx512vbmi_bitalg();
 const Kernels* kernels_avxvnni();  // the AVX2 table with AVX-VNNI (256-bit) q4_K/q6_K tiles
 const Kernels* kernels_neon();
 

@@ -1187,6 +1187,8 @@ Kernels make_table() {
     k.gemm_mxfp4 = gemm_q8a<UnpackMXFP4, 4>;
     k.gemm_q4_1 = gemm_q8a<UnpackQ41<false>, 4>;
     k.gemm_q5_1 = gemm_q8a<UnpackQ41<true>, 4>;
+    // iq2_xxs / iq2_xs / iq2_s up to 7 tokens: the VBMI kernels where the CPU has VBMI and BITALG (else AVX2's)
+    if (cpu_has_avx512vbmi_bitalg()) add_avx512_vbmi(k);
     return k;
 }
 

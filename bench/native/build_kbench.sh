@@ -18,6 +18,11 @@ if echo 'int main(){}' | "$cxx" -mavxvnni -x c++ - -o /dev/null 2>/dev/null; the
     defs="$defs -DCLOVER_HAVE_AVXVNNI"
     vnni=1
 fi
+vbmi=0
+if echo 'int main(){}' | "$cxx" -mavx512vbmi -mavx512bitalg -x c++ - -o /dev/null 2>/dev/null; then
+    defs="$defs -DCLOVER_HAVE_AVX512_VBMI"
+    vbmi=1
+fi
 base="-O3 -ffp-contract=off -std=c++17 -I$src $defs"
 avx2="-mavx2 -mfma -mf16c"
 avx512="-mavx512f -mavx512bw -mavx512vl -mavx512vnni $avx2 -Wno-maybe-uninitialized"
@@ -44,6 +49,7 @@ build kernels_avx2 "$src/kernels_avx2.cpp" "$avx2"
 finish
 build kernels_avx512 "$src/kernels_avx512.cpp" "$avx512"
 if [[ $vnni == 1 ]]; then build kernels_avxvnni "$src/kernels_avxvnni.cpp" "$avx2 -mavxvnni"; fi
+if [[ $vbmi == 1 ]]; then build kernels_avx512_vbmi "$src/kernels_avx512_vbmi.cpp" "$avx512 -mavx512vbmi -mavx512bitalg"; fi
 finish
 build dispatch "$src/dispatch.cpp" ""
 build kbench "$root/bench/native/kbench.cpp" ""

@@ -1,0 +1,314 @@
+// AVX-512 VBMI + BITALG products of the i-quants with 2-bit grids (iq2_xxs, iq2_xs, iq2_s) for one to seven
+// tokens; the only file compiled with -mavx512vbmi -mavx512bitalg. The AVX-512 table takes them on CPUs that report
+// both (AMD Zen 4 and later, Intel Ice Lake and later); eight or more tokens keep the AVX2 lane tiles.
+//
+// Every byte of these grids is 8, 25 or 43, so an entry of 8 magnitudes is 16 bits of 2-bit codes. Per super-block
+// and row the kernel unpacks in registers, with no scalar table loads (the AVX2 kernel's 32 grid and 32 sign
+// loads per super-block bound it at ~17 ns per super-block row on Zen 4, a quarter of the memory's rate):
+// - the 32 grid indices as int16 lanes, their 16-bit code words by vpermt2w from the code table held in
+//   registers (iq2_xxs: 256 entries, 4 lookups of 64 and 3 blends; iq2_xs: 512, 8 and 7) or by two gathers
+//   (iq2_s: 1024 entries);
+// - each 64-weight vector's 8 code words spread to the 8 qwords (vpermw), the 2-bit codes to bytes
+//   (vpmultishiftqb), the codes to magnitudes (vpermb);
+// - the sign bytes (iq2_xxs / iq2_xs: ksigns_iq2xs by vpermt2b on the 7-bit fields; iq2_s: the bytes as
+//   stored) to one 64-bit mask per vector, which negates the token's activations (masked vpsubb);
+// - vpdpbusd of magnitudes and signed activations, two vectors' int32 sums packed to int16 (|sum| <= 4 x 43 x
+//   127) and vpdpwssd with the groups' scales 2 s + 1; one float multiply-add per super-block and token.
+// Integer sums are exact, so results equal the scalar kernels' up to float summation order.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "iq_tables.h"
+#include "kernel_tiles.h"
+#include "kernels.h"
+
+namespace clover {
+namespace {
+
+// A grid of N entries as 16-bit code words (bits 2j, 2j + 1: the code of byte j; 8 -> 0, 25 -> 1, 43 -> 2),
+// padded so that a 32-bit gather at the last entry stays inside.
+template <int N>
+struct Codes {
+    alignas(64) uint16_t w[N + 32];
+    explicit Codes(const uint64_t* grid) {
+        for (int i = 0; i < N + 32; i++) w[i] = 0;
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < 8; j++) {
+                const int v = (int)((grid[i] >> (8 * j)) & 0xff);
+                w[i] = (uint16_t)(w[i] | ((v == 8 ? 0 : v == 25 ? 1 : 2) << (2 * j)));
+            }
+    }
+};
+
+// Vector r of a super-block holds the groups of 8 weights 4 k + r, k = 0 .. 7 (qword k: group 4 k + r), the order
+// in which vpmultishiftqb takes them from the code words (qword k of the code vector: groups 4 k .. 4 k + 3) with
+// no other shuffle; the activations are put in the same order once per call (XP).
+struct alignas(64) XP {
+    int8_t qs[QK_K];  // vector r, qword k: the token's activations 8 (4 k + r) .. + 7
+    float d;
+};
+
+// The constant vectors, built once.
+struct Consts {
+    __m512i codes_at[4];  // vector r: per qword, byte j at bit offset 16 r + 2 j (code j of group 4 k + r)
+    __m512i values;       // byte i: the magnitude of code i & 3
+    __m512i sign8[4];     // vector r, byte 8 k + j: bit 8 r + j of qword k (sign bytes 8 apart per group)
+    __m512i sign16[4];    // the same with the sign bytes 16 apart (bit 16 r + j)
+    __m512i ks0, ks1;     // ksigns_iq2xs, bytes 0-63 and 64-127
+    __m512i sc_pair[2];   // vectors (2 p, 2 p + 1) packed: the group of 16 of each int16 lane's sum
+    Consts() {
+        alignas(64) uint16_t w[32];
+        alignas(64) uint8_t b[64];
+        for (int r = 0; r < 4; r++) {
+            for (int i = 0; i < 64; i++) b[i] = (uint8_t)(16 * r + 2 * (i % 8));
+            codes_at[r] = _mm512_load_si512(b);
+            for (int i = 0; i < 64; i++) b[i] = (uint8_t)(8 * r + i % 8);
+            sign8[r] = _mm512_load_si512(b);
+            for (int i = 0; i < 64; i++) b[i] = (uint8_t)(16 * r + i % 8);
+            sign16[r] = _mm512_load_si512(b);
+        }
+        const uint8_t mags[4] = {8, 25, 43, 0};
+        for (int i = 0; i < 64; i++) b[i] = mags[i & 3];
+        values = _mm512_load_si512(b);
+        ks0 = _mm512_loadu_si512(ksigns_iq2xs);
+        ks1 = _mm512_loadu_si512(ksigns_iq2xs + 64);
+        // vpackssdw(s_a, s_b) holds, in 128-bit lane L, s_a's int32 lanes 4 L .. 4 L + 3, then s_b's. Lane i of
+        // vector r's sum covers group of 8 G = 4 (i / 2) + r, so group of 16 G / 2 = 2 (i / 2) + r / 2.
+        for (int p = 0; p < 2; p++) {
+            for (int i = 0; i < 32; i++) {
+                const int lane = i / 8, r = 2 * p + (i % 8) / 4, dword = 4 * lane + i % 4;
+                w[i] = (uint16_t)(2 * (dword / 2) + r / 2);
+            }
+            sc_pair[p] = _mm512_load_si512(w);
+        }
+    }
+};
+
+const Consts& consts() {
+    static const Consts c;
+    return c;
+}
+const Codes<256>& codes_xxs() {
+    static const Codes<256> c(iq2xxs_grid);
+    return c;
+}
+const Codes<512>& codes_xs() {
+    static const Codes<512> c(iq2xs_grid);
+    return c;
+}
+const Codes<1024>& codes_s() {
+    static const Codes<1024> c(iq2s_grid);
+    return c;
+}
+
+// 32 int16 indices (< 64 * TABLES) to their code words by vpermt2w over TABLES / 2 pairs of 32-word vectors
+// (tab: the table as vectors, registers or memory) and blends by the index's higher bits.
+template <int TABLES>
+inline __m512i lookup_words(__m512i idx, const __m512i* tab) {
+    __m512i part[TABLES / 2];
+    for (int p = 0; p < TABLES / 2; p++) part[p] = _mm512_permutex2var_epi16(tab[2 * p], idx, tab[2 * p + 1]);
+    for (int bit = 6, n = TABLES / 2; n > 1; bit++, n /= 2) {
+        const __mmask32 hi = _mm512_test_epi16_mask(idx, _mm512_set1_epi16((short)(1 << bit)));
+        for (int p = 0; p < n / 2; p++) part[p] = _mm512_mask_blend_epi16(hi, part[2 * p], part[2 * p + 1]);
+    }
+    return part[0];
+}
+
+// The constants a row's super-blocks use, copied into locals once per row (the compiler keeps what fits in
+// registers: loaded from memory at every super-block, the ~20 constant vectors and the code tables were as many
+// 512-bit loads as the rest of the work's operations).
+template <int TABLES>
+struct Regs {
+    Consts c;
+    __m512i tab[TABLES > 0 ? TABLES : 1];
+    explicit Regs(const uint16_t* table) : c(consts()) {
+        for (int i = 0; i < TABLES; i++) tab[i] = _mm512_load_si512(table + 32 * i);
+    }
+};
+
+// One super-block of one row, unpacked: four 64-weight vectors of magnitudes (in XP's order) with their sign
+// masks, and the 16 groups' scales 2 s + 1 as int16 lanes in the order vpackssdw leaves two vectors' sums
+// (pair p: vectors 2 p, 2 p + 1).
+struct Unpacked {
+    __m512i mag[4];
+    __mmask64 neg[4];
+    __m512i sc[2];
+    float d;  // d / 8
+};
+
+// codes: word g = group g's 8 codes; sc16: int16 lane h = the scale of group of 16 h
+inline void finish(const Consts& c, __m512i codes, __m512i sc16, Unpacked& u) {
+    for (int r = 0; r < 4; r++)
+        u.mag[r] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(c.codes_at[r], codes), c.values);
+    for (int p = 0; p < 2; p++) u.sc[p] = _mm512_permutexvar_epi16(c.sc_pair[p], sc16);
+}
+
+// scales 2 s + 1 for the 16 groups of 16 from the nibbles of scales[8] (iq2_xs, iq2_s), as int16 lanes 0-15
+inline __m512i nibble_scales(const uint8_t* scales8) {
+    const __m128i raw = _mm_loadl_epi64((const __m128i*)scales8);
+    const __m128i nib = _mm_and_si128(_mm_unpacklo_epi8(raw, _mm_srli_epi16(raw, 4)), _mm_set1_epi8(0x0f));
+    const __m256i s = _mm256_cvtepu8_epi16(nib);
+    return _mm512_castsi256_si512(_mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1)));
+}
+
+struct IQ2XXS {
+    using Block = block_iq2_xxs;
+    // qword ib of qs: grid indices in bytes 0-3, then 4 x 7 sign bits and the scale in bits 60-63
+    struct Sel {
+        alignas(64) uint8_t idx[64], sgn_shift[64];
+        alignas(64) uint32_t sc[16];
+        Sel() {
+            for (int i = 0; i < 64; i++) {
+                const int j = i / 2;  // word j: group j's index, byte 8 (j / 4) + j % 4
+                idx[i] = (uint8_t)(8 * (j / 4) + j % 4);
+                sgn_shift[i] = (uint8_t)(32 + 7 * (i % 4));  // the 7-bit sign fields at bits 32, 39, 46, 53
+            }
+            for (int g = 0; g < 16; g++) sc[g] = (uint32_t)(2 * (g / 2));  // dword of qword g / 2's scale
+        }
+    };
+    static const Sel& sel() {
+        static const Sel s;
+        return s;
+    }
+    struct R : Regs<8> {
+        __m512i idx, sgn_shift, sc;
+        R() : Regs<8>(codes_xxs().w), idx(_mm512_load_si512(sel().idx)), sgn_shift(_mm512_load_si512(sel().sgn_shift)),
+              sc(_mm512_load_si512(sel().sc)) {}
+    };
+    static void unpack(const Block& b, const R& k, Unpacked& u) {
+        const Consts& c = k.c;
+        const __m512i v = _mm512_loadu_si512(b.qs);
+        const __m512i idx = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, k.idx, v);
+        const __m512i codes = lookup_words<8>(idx, k.tab);
+        // group 4 k + l's sign byte at byte l of qword k (bytes 4-7 repeat 0-3)
+        const __m512i signs = _mm512_permutex2var_epi8(c.ks0, _mm512_multishift_epi64_epi8(k.sgn_shift, v), c.ks1);
+        for (int r = 0; r < 4; r++) u.neg[r] = _mm512_bitshuffle_epi64_mask(signs, c.sign8[r]);
+        const __m512i s = _mm512_permutexvar_epi32(k.sc, _mm512_srli_epi64(v, 60));
+        const __m512i s32 = _mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1));
+        finish(c, codes, _mm512_castsi256_si512(_mm512_cvtepi32_epi16(s32)), u);
+        u.d = _cvtsh_ss(b.d) * 0.125f;
+    }
+};
+
+// iq2_xs: word i of qs = 9-bit grid index | 7 sign bits << 9
+struct IQ2XS {
+    using Block = block_iq2_xs;
+    struct R : Regs<16> {
+        R() : Regs<16>(codes_xs().w) {}
+    };
+    static void unpack(const Block& b, const R& k, Unpacked& u) {
+        const Consts& c = k.c;
+        const __m512i v = _mm512_loadu_si512(b.qs);
+        const __m512i codes = lookup_words<16>(_mm512_and_si512(v, _mm512_set1_epi16(511)), k.tab);
+        const __m512i signs = _mm512_permutex2var_epi8(c.ks0, _mm512_srli_epi16(v, 9), c.ks1);  // byte 2 g
+        for (int r = 0; r < 4; r++) u.neg[r] = _mm512_bitshuffle_epi64_mask(signs, c.sign16[r]);
+        finish(c, codes, nibble_scales(b.scales), u);
+        u.d = _cvtsh_ss(b.d) * 0.125f;
+    }
+};
+
+// iq2_s: 10-bit indices (low 8 bits in qs[0..31], 2 in qh), plain sign bytes in qs[32..63]
+struct IQ2S {
+    using Block = block_iq2_s;
+    struct R : Regs<0> {  // (the 32 table vectors stay in memory: they do not fit in registers with the rest)
+        __m512i qh, shift;
+        R() : Regs<0>(nullptr) {
+            alignas(64) static const struct Sel {
+                uint8_t qh[64];
+                uint16_t shift[32];
+                Sel() {
+                    for (int i = 0; i < 64; i++) qh[i] = (uint8_t)(i / 8);  // word i / 2's high byte: qh[(i / 2) / 4]
+                    for (int i = 0; i < 32; i++) shift[i] = (uint16_t)(2 * (i % 4));
+                }
+            } sel;
+            qh = _mm512_load_si512(sel.qh);
+            shift = _mm512_load_si512(sel.shift);
+        }
+    };
+    static void unpack(const Block& b, const R& k, Unpacked& u) {
+        const Consts& c = k.c;
+        const __m512i lo = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)b.qs));
+        const __m512i qh = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i*)b.qh));
+        // word i: qh[i / 4] << 8, shifted right by 2 (i % 4): its bits 8-9 are the index's
+        const __m512i h = _mm512_maskz_permutexvar_epi8(0xAAAAAAAAAAAAAAAAull, k.qh, qh);
+        const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(h, k.shift), _mm512_set1_epi16(0x300));
+        const __m512i codes = lookup_words<32>(_mm512_or_si512(lo, hi), (const __m512i*)codes_s().w);
+        // the 32 sign bytes, group 4 k + l's at byte l of qword k
+        const __m512i signs = _mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i*)(b.qs + 32)));
+        for (int r = 0; r < 4; r++) u.neg[r] = _mm512_bitshuffle_epi64_mask(signs, c.sign8[r]);
+        finish(c, codes, nibble_scales(b.scales), u);
+        u.d = _cvtsh_ss(b.d) * 0.125f;
+    }
+};
+
+// One weight row against RN tokens (RM = 1); a.X holds XP blocks.
+template <class U>
+struct Tile {
+    template <int RM, int RN>
+    struct T {
+        static_assert(RM == 1, "one weight row per tile");
+        using Block = typename U::Block;
+        static void run(const Args& a, int64_t n, int m) {
+            __m512 acc[RN];
+            for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
+            const Block* w = (const Block*)(a.W + n * a.wrb);
+            const int64_t nsb = a.K / QK_K;
+            const typename U::R k;
+            for (int64_t s = 0; s < nsb; s++) {
+                prefetch_block(w + s, sizeof(Block));
+                Unpacked u;
+                U::unpack(w[s], k, u);
+                for (int t = 0; t < RN; t++) {
+                    const XP& x = ((const XP*)(a.X + (m + t) * a.xrb))[s];
+                    __m512i isum = _mm512_setzero_si512();
+                    for (int p = 0; p < 2; p++) {
+                        __m512i dot[2];
+                        for (int h = 0; h < 2; h++) {
+                            const int r = 2 * p + h;
+                            const __m512i xv = _mm512_load_si512(x.qs + 64 * r);
+                            const __m512i xs = _mm512_mask_sub_epi8(xv, u.neg[r], _mm512_setzero_si512(), xv);
+                            dot[h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.mag[r], xs);
+                        }
+                        isum = _mm512_dpwssd_epi32(isum, _mm512_packs_epi32(dot[0], dot[1]), u.sc[p]);
+                    }
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * x.d), acc[t]);
+                }
+            }
+            for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n] = _mm512_reduce_add_ps(acc[t]);
+        }
+    };
+};
+
+// Up to 7 tokens here (a row unpacked once per 4 tokens); 8 or more by the AVX2 table's lane tiles, which unpack
+// a row once for every token.
+template <class U, gemm_fn Kernels::*LANES>
+void gemm_iq2(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
+              int64_t n0, int64_t n1) {
+    if (M >= 8) return (kernels_avx2()->*LANES)(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+    const int64_t nsb = K / QK_K;
+    thread_local std::vector<XP> xp;
+    xp.resize((size_t)(M * nsb));
+    for (int m = 0; m < M; m++)
+        for (int64_t s = 0; s < nsb; s++) {
+            const block_q8_K& x = ((const block_q8_K*)(X + m * xrb))[s];
+            XP& o = xp[(size_t)(m * nsb + s)];
+            for (int r = 0; r < 4; r++)
+                for (int k = 0; k < 8; k++) std::memcpy(o.qs + 64 * r + 8 * k, x.qs + 8 * (4 * k + r), 8);
+            o.d = x.d;
+        }
+    gemm_tiled<Tile<U>::template T, 1, 1>(W, wrb, (const uint8_t*)xp.data(), (size_t)nsb * sizeof(XP), K, M, Y, ldy,
+                                          n0, n1);
+}
+
+}  // namespace
+
+void add_avx512_vbmi(Kernels& k) {
+    k.gemm_iq2_xxs = gemm_iq2<IQ2XXS, &Kernels::gemm_iq2_xxs>;
+    k.gemm_iq2_xs = gemm_iq2<IQ2XS, &Kernels::gemm_iq2_xs>;
+    k.gemm_iq2_s = gemm_iq2<IQ2S, &Kernels::gemm_iq2_s>;
+}
+
+}  // namespace clover
