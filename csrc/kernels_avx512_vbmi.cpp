@@ -1,6 +1,6 @@
-// AVX-512 VBMI + BITALG products of the i-quants with 2-bit grids (iq2_xxs, iq2_xs, iq2_s) for one to seven
-// tokens; the only file compiled with -mavx512vbmi -mavx512bitalg. The AVX-512 table takes them on CPUs that report
-// both (AMD Zen 4 and later, Intel Ice Lake and later); eight or more tokens keep the AVX2 lane tiles.
+// AVX-512 VBMI + BITALG products of the i-quants with 2-bit grids (iq2_xxs, iq2_xs, iq2_s) for up to 15 tokens
+// (iq2_s: 7); the only file compiled with -mavx512vbmi -mavx512bitalg. The AVX-512 table takes them on CPUs that
+// report both (AMD Zen 4 and later, Intel Ice Lake and later); more tokens keep the AVX2 lane tiles.
 //
 // Every byte of these grids is 8, 25 or 43, so an entry of 8 magnitudes is 16 bits of 2-bit codes. Per super-block
 // and row the kernel unpacks in registers, with no scalar table loads (the AVX2 kernel's 32 grid and 32 sign
@@ -156,6 +156,7 @@ inline __m512i nibble_scales(const uint8_t* scales8) {
 
 struct IQ2XXS {
     using Block = block_iq2_xxs;
+    static constexpr int LANES_FROM = 16;  // (gemm_iq2)
     // qword ib of qs: grid indices in bytes 0-3, then 4 x 7 sign bits and the scale in bits 60-63
     struct Sel {
         alignas(64) uint8_t idx[64], sgn_shift[64];
@@ -196,6 +197,7 @@ struct IQ2XXS {
 // iq2_xs: word i of qs = 9-bit grid index | 7 sign bits << 9
 struct IQ2XS {
     using Block = block_iq2_xs;
+    static constexpr int LANES_FROM = 16;  // (gemm_iq2)
     struct R : Regs<16> {
         R() : Regs<16>(codes_xs().w) {}
     };
@@ -213,6 +215,7 @@ struct IQ2XS {
 // iq2_s: 10-bit indices (low 8 bits in qs[0..31], 2 in qh), plain sign bytes in qs[32..63]
 struct IQ2S {
     using Block = block_iq2_s;
+    static constexpr int LANES_FROM = 8;  // (gemm_iq2)
     struct R : Regs<0> {  // (the 32 table vectors stay in memory: they do not fit in registers with the rest)
         __m512i qh, shift;
         R() : Regs<0>(nullptr) {
@@ -244,50 +247,46 @@ struct IQ2S {
     }
 };
 
-// One weight row against RN tokens (RM = 1); a.X holds XP blocks.
-template <class U>
-struct Tile {
-    template <int RM, int RN>
-    struct T {
-        static_assert(RM == 1, "one weight row per tile");
-        using Block = typename U::Block;
-        static void run(const Args& a, int64_t n, int m) {
-            __m512 acc[RN];
-            for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
-            const Block* w = (const Block*)(a.W + n * a.wrb);
-            const int64_t nsb = a.K / QK_K;
-            const typename U::R k;
-            for (int64_t s = 0; s < nsb; s++) {
-                prefetch_block(w + s, sizeof(Block));
-                Unpacked u;
-                U::unpack(w[s], k, u);
-                for (int t = 0; t < RN; t++) {
-                    const XP& x = ((const XP*)(a.X + (m + t) * a.xrb))[s];
-                    __m512i isum = _mm512_setzero_si512();
-                    for (int p = 0; p < 2; p++) {
-                        __m512i dot[2];
-                        for (int h = 0; h < 2; h++) {
-                            const int r = 2 * p + h;
-                            const __m512i xv = _mm512_load_si512(x.qs + 64 * r);
-                            const __m512i xs = _mm512_mask_sub_epi8(xv, u.neg[r], _mm512_setzero_si512(), xv);
-                            dot[h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.mag[r], xs);
-                        }
-                        isum = _mm512_dpwssd_epi32(isum, _mm512_packs_epi32(dot[0], dot[1]), u.sc[p]);
-                    }
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * x.d), acc[t]);
+// One weight row against RN tokens; a.X holds XP blocks, k the constants (loaded once per call: with 2-8
+// super-blocks per row, as the experts' products have, loading them per row cost more than the row's work).
+template <class U, int RN>
+inline void row(const Args& a, int64_t n, int m, const typename U::R& k) {
+    using Block = typename U::Block;
+    __m512 acc[RN];
+    for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
+    const Block* w = (const Block*)(a.W + n * a.wrb);
+    const int64_t nsb = a.K / QK_K;
+    for (int64_t s = 0; s < nsb; s++) {
+        prefetch_block(w + s, sizeof(Block));
+        Unpacked u;
+        U::unpack(w[s], k, u);
+        for (int t = 0; t < RN; t++) {
+            const XP& x = ((const XP*)(a.X + (m + t) * a.xrb))[s];
+            __m512i isum = _mm512_setzero_si512();
+            for (int p = 0; p < 2; p++) {
+                __m512i dot[2];
+                for (int h = 0; h < 2; h++) {
+                    const int r = 2 * p + h;
+                    const __m512i xv = _mm512_load_si512(x.qs + 64 * r);
+                    const __m512i xs = _mm512_mask_sub_epi8(xv, u.neg[r], _mm512_setzero_si512(), xv);
+                    dot[h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.mag[r], xs);
                 }
+                isum = _mm512_dpwssd_epi32(isum, _mm512_packs_epi32(dot[0], dot[1]), u.sc[p]);
             }
-            for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n] = _mm512_reduce_add_ps(acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * x.d), acc[t]);
         }
-    };
-};
+    }
+    for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n] = _mm512_reduce_add_ps(acc[t]);
+}
 
-// Up to 7 tokens here (a row unpacked once per 4 tokens); 8 or more by the AVX2 table's lane tiles, which unpack
-// a row once for every token.
+// Up to U::LANES_FROM - 1 tokens here (a row unpacked once per 4 tokens), more by the AVX2 table's lane tiles,
+// which unpack a row once for every token. kbench, one thread, 512 x 2048, ns per super-block row and token at
+// 8 / 16 / 64 tokens, these tiles against the lane tiles: IQ2_XXS 4.70 / 4.71 / 4.68 against 5.59 / 4.62 / 3.88,
+// IQ2_XS 5.14 / 5.13 / 5.12 against 5.75 / 4.64 / 3.81, IQ2_S 6.61 / 6.62 / 6.60 against 5.73 / 4.68 / 3.90.
 template <class U, gemm_fn Kernels::*LANES>
 void gemm_iq2(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
               int64_t n0, int64_t n1) {
-    if (M >= 8) return (kernels_avx2()->*LANES)(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+    if (M >= U::LANES_FROM) return (kernels_avx2()->*LANES)(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
     const int64_t nsb = K / QK_K;
     thread_local std::vector<XP> xp;
     xp.resize((size_t)(M * nsb));
@@ -299,8 +298,17 @@ void gemm_iq2(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
                 for (int k = 0; k < 8; k++) std::memcpy(o.qs + 64 * r + 8 * k, x.qs + 8 * (4 * k + r), 8);
             o.d = x.d;
         }
-    gemm_tiled<Tile<U>::template T, 1, 1>(W, wrb, (const uint8_t*)xp.data(), (size_t)nsb * sizeof(XP), K, M, Y, ldy,
-                                          n0, n1);
+    const Args a{W, wrb, (const uint8_t*)xp.data(), (size_t)nsb * sizeof(XP), K, Y, ldy};
+    const typename U::R k;
+    for (int64_t n = n0; n < n1; n++) {
+        int m = 0;
+        for (; m + 4 <= M; m += 4) row<U, 4>(a, n, m, k);
+        switch (M - m) {
+            case 3: row<U, 3>(a, n, m, k); break;
+            case 2: row<U, 2>(a, n, m, k); break;
+            case 1: row<U, 1>(a, n, m, k); break;
+        }
+    }
 }
 
 }  // namespace

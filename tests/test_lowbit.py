@@ -112,7 +112,7 @@ def test_matmul_vs_float64(fmt, m, rng):
 
 
 @pytest.mark.parametrize("fmt", LOWBIT)
-@pytest.mark.parametrize("m", [1, 4, 7, 33, 70])
+@pytest.mark.parametrize("m", [1, 4, 7, 15, 33, 70])
 def test_simd_equals_scalar(fmt, m, rng):
     if not SIMD_ISAS:
         pytest.skip("no SIMD path on this machine")
