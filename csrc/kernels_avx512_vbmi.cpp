@@ -5,16 +5,19 @@
 // Every byte of these grids is 8, 25 or 43, so an entry of 8 magnitudes is 16 bits of 2-bit codes. Per super-block
 // and row the kernel unpacks in registers, with no scalar table loads (the AVX2 kernel's 32 grid and 32 sign
 // loads per super-block bound it at ~17 ns per super-block row on Zen 4, a quarter of the memory's rate):
-// - the 32 grid indices as int16 lanes, their 16-bit code words by vpermt2w from the code table held in
-//   registers (iq2_xxs: 256 entries, 4 lookups of 64 and 3 blends; iq2_xs: 512, 8 and 7) or by two gathers
-//   (iq2_s: 1024 entries);
-// - each 64-weight vector's 8 code words spread to the 8 qwords (vpermw), the 2-bit codes to bytes
-//   (vpmultishiftqb), the codes to magnitudes (vpermb);
+// - the 32 grid indices as int16 lanes, their 16-bit code words by vpermt2w from the code table (iq2_xxs: 256
+//   entries, 4 lookups of 64 and 3 blends; iq2_xs: 512, 8 and 7, both tables in registers; iq2_s: 1024, 16 and
+//   15, from memory);
+// - vector r of the super-block takes the groups 4 k + r (k = 0 .. 7): one vpmultishiftqb moves their 2-bit
+//   codes from the code words to bytes, vpermb turns codes into magnitudes; the activations are put in that
+//   order once per call (XP);
 // - the sign bytes (iq2_xxs / iq2_xs: ksigns_iq2xs by vpermt2b on the 7-bit fields; iq2_s: the bytes as
-//   stored) to one 64-bit mask per vector, which negates the token's activations (masked vpsubb);
+//   stored) to one 64-bit mask per vector by vpshufbitqmb, which negates the token's activations (masked
+//   vpsubb);
 // - vpdpbusd of magnitudes and signed activations, two vectors' int32 sums packed to int16 (|sum| <= 4 x 43 x
 //   127) and vpdpwssd with the groups' scales 2 s + 1; one float multiply-add per super-block and token.
-// Integer sums are exact, so results equal the scalar kernels' up to float summation order.
+// Integer sums are exact, so results equal the scalar kernels' up to float summation order. Measured against
+// the AVX2 kernels and llama.cpp's: bench/NOTES.md, "AVX-512 VBMI kernels for the IQ2 types".
 #include <immintrin.h>
 
 #include <cstdint>
@@ -28,13 +31,13 @@
 namespace clover {
 namespace {
 
-// A grid of N entries as 16-bit code words (bits 2j, 2j + 1: the code of byte j; 8 -> 0, 25 -> 1, 43 -> 2),
-// padded so that a 32-bit gather at the last entry stays inside.
+// A grid of N entries as 16-bit code words (bits 2j, 2j + 1: the code of byte j; 8 -> 0, 25 -> 1, 43 -> 2; the
+// grids hold no other byte: tests/test_lowbit.py's test_iq2_every_grid_entry multiplies every entry).
 template <int N>
 struct Codes {
-    alignas(64) uint16_t w[N + 32];
+    alignas(64) uint16_t w[N];
     explicit Codes(const uint64_t* grid) {
-        for (int i = 0; i < N + 32; i++) w[i] = 0;
+        for (int i = 0; i < N; i++) w[i] = 0;
         for (int i = 0; i < N; i++)
             for (int j = 0; j < 8; j++) {
                 const int v = (int)((grid[i] >> (8 * j)) & 0xff);

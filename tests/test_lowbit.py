@@ -124,6 +124,33 @@ def test_simd_equals_scalar(fmt, m, rng):
         check_close(kernels.matmul(x, w, fmt, isa=isa), ref, TOL_VS_REF, f"{fmt} {isa} vs ref M={m}")
 
 
+@pytest.mark.parametrize("fmt,bits", [("iq2_xxs", 8), ("iq2_xs", 9), ("iq2_s", 10)])
+@pytest.mark.parametrize("m", [1, 3, 9])
+def test_iq2_every_grid_entry(fmt, bits, m, rng):
+    # every grid index once (row r, group g: index 32 r + g), random signs and scales: the SIMD kernels (the
+    # AVX-512 ones hold the grids as 2-bit code tables) against float64 on gguf's dequantization
+    rows = (1 << bits) // 32
+    w = random_blocks(rng, fmt, rows, 256).reshape(rows, -1)
+    idx = np.arange(rows * 32).reshape(rows, 32)
+    if fmt == "iq2_xxs":  # qs: per group of 32, 4 index bytes then 4 x 7 sign bits and the scale
+        for g in range(32):
+            w[:, 2 + 8 * (g // 4) + g % 4] = idx[:, g]
+    elif fmt == "iq2_xs":  # qs[i] = 9-bit index | 7 sign bits << 9
+        qs = w[:, 2:66].copy().view(np.uint16)
+        qs[:] = (qs & 0xFE00) | idx.astype(np.uint16)
+        w[:, 2:66] = qs.view(np.uint8)
+    else:  # low 8 bits in qs[0..31], 2 high bits in qh[i / 4] at bit 2 (i % 4)
+        w[:, 2:34] = idx & 0xFF
+        qh = np.zeros((rows, 8), np.uint8)
+        for g in range(32):
+            qh[:, g // 4] |= ((idx[:, g] >> 8) << (2 * (g % 4))).astype(np.uint8)
+        w[:, 66:74] = qh
+    x = rng.standard_normal((m, 256)).astype(np.float32)
+    want = act_rounded(x, fmt) @ kernels.dequantize(w, fmt).astype(np.float64).T
+    for isa in ISAS:
+        check_close(kernels.matmul(x, w, fmt, isa=isa), want, TOL_FLOAT64, f"{fmt} {isa} M={m}")
+
+
 @pytest.mark.parametrize("fmt", LOWBIT)
 def test_one_block_one_row(fmt, rng):
     k = GGML_QUANT_SIZES[gtype(fmt)][0]
