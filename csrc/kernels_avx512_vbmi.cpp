@@ -149,7 +149,8 @@ inline void finish(const Consts& c, __m512i codes, __m512i sc16, Unpacked& u) {
     for (int p = 0; p < 2; p++) u.sc[p] = _mm512_permutexvar_epi16(c.sc_pair[p], sc16);
 }
 
-// scales 2 s + 1 for the 16 groups of 16 from the nibbles of scales[8] (iq2_xs, iq2_s), as int16 lanes 0-15
+// scales 2 s + 1 for the 16 groups of 16 from the nibbles of scales[8] (iq2_xs, iq2_s), as int16 lanes 0-15 (the
+// AVX2 kernels' prepare_nibble_scales, kernel_lowbit_avx2.h, which only kernels_avx2.cpp includes)
 inline __m512i nibble_scales(const uint8_t* scales8) {
     const __m128i raw = _mm_loadl_epi64((const __m128i*)scales8);
     const __m128i nib = _mm_and_si128(_mm_unpacklo_epi8(raw, _mm_srli_epi16(raw, 4)), _mm_set1_epi8(0x0f));
@@ -293,12 +294,19 @@ void gemm_iq2(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
     const int64_t nsb = K / QK_K;
     thread_local std::vector<XP> xp;
     xp.resize((size_t)(M * nsb));
+    // qword k of vector r = qword 4 k + r of the 256 activations: lanes 0-3 from qwords 0-15, lanes 4-7 from 16-31
+    const __m512i pick = _mm512_setr_epi64(0, 4, 8, 12, 0, 4, 8, 12);
     for (int m = 0; m < M; m++)
         for (int64_t s = 0; s < nsb; s++) {
             const block_q8_K& x = ((const block_q8_K*)(X + m * xrb))[s];
             XP& o = xp[(size_t)(m * nsb + s)];
-            for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 8; k++) std::memcpy(o.qs + 64 * r + 8 * k, x.qs + 8 * (4 * k + r), 8);
+            __m512i q[4];
+            for (int i = 0; i < 4; i++) q[i] = _mm512_loadu_si512(x.qs + 64 * i);
+            for (int r = 0; r < 4; r++) {
+                const __m512i idx = _mm512_add_epi64(pick, _mm512_set1_epi64(r));
+                const __m512i lo = _mm512_permutex2var_epi64(q[0], idx, q[1]), hi = _mm512_permutex2var_epi64(q[2], idx, q[3]);
+                _mm512_store_si512(o.qs + 64 * r, _mm512_mask_blend_epi64(0xF0, lo, hi));
+            }
             o.d = x.d;
         }
     const Args a{W, wrb, (const uint8_t*)xp.data(), (size_t)nsb * sizeof(XP), K, Y, ldy};
