@@ -5,11 +5,11 @@
 // Every byte of these grids is 8, 25 or 43, so an entry of 8 magnitudes is 16 bits of 2-bit codes. Per super-block
 // and row the kernel unpacks in registers, with no scalar table loads (the AVX2 kernel's 32 grid and 32 sign
 // loads per super-block bound it at ~17 ns per super-block row on Zen 4, a quarter of the memory's rate):
-// - the 32 grid indices as int16 lanes, their 16-bit code words by vpermt2w from the code table (iq2_xxs: 256
-//   entries, 4 lookups of 64 and 3 blends; iq2_xs: 512, 8 and 7, both tables in registers). iq2_s (1024
-//   entries, 16 and 15 that way) takes two super-blocks at a time, two rows' or one row's: their 64 indices as
-//   bytes, the code words' low and high bytes by vpermt2b from two byte tables in memory (128 entries a lookup:
-//   8 lookups and 7 blends per byte plane), interleaved to words by vpunpck{l,h}bw;
+// - two super-blocks at a time (super-block s of two rows): their 64 grid indices as bytes, the 16-bit code words'
+//   low and high bytes by vpermt2b from the code table as two byte planes (128 entries a lookup: iq2_xxs's 256
+//   entries 2 lookups and a blend per plane, iq2_xs's 512 4 and 3, both in registers; iq2_s's 1024 8 and 7, from
+//   memory), interleaved back to words by vpunpck{l,h}bw (16-bit lookups by vpermt2w cover 64 entries: twice the
+//   lookups and blends per index);
 // - vector r of the super-block takes the groups 4 k + r (k = 0 .. 7; iq2_s: the groups 8 r + k, the weights'
 //   own order, by the order of its lookups): one vpmultishiftqb moves their 2-bit codes from the code words to
 //   bytes, vpermb turns codes into magnitudes; the activations are put in that order once per call (XP);
@@ -19,7 +19,8 @@
 // - vpdpbusd of magnitudes and signed activations, two vectors' int32 sums packed to int16 (|sum| <= 4 x 43 x
 //   127) and vpdpwssd with the groups' scales 2 s + 1; one float multiply-add per super-block and token.
 // Integer sums are exact, so results equal the scalar kernels' up to float summation order. Measured against
-// the AVX2 kernels and llama.cpp's: bench/NOTES.md, "AVX-512 VBMI kernels for the IQ2 types".
+// the AVX2 kernels and llama.cpp's: bench/NOTES.md, "AVX-512 VBMI kernels for the IQ2 types" and "the IQ2 types
+// looked up as two byte planes".
 #include <immintrin.h>
 
 #include <cstdint>
@@ -110,28 +111,69 @@ const Codes<1024>& codes_s() {
     return c;
 }
 
-// 32 int16 indices (< 64 * TABLES) to their code words by vpermt2w over TABLES / 2 pairs of 32-word vectors
-// (tab: the table as vectors, registers or memory) and blends by the index's higher bits.
-template <int TABLES>
-inline __m512i lookup_words(__m512i idx, const __m512i* tab) {
-    __m512i part[TABLES / 2];
-    for (int p = 0; p < TABLES / 2; p++) part[p] = _mm512_permutex2var_epi16(tab[2 * p], idx, tab[2 * p + 1]);
-    for (int bit = 6, n = TABLES / 2; n > 1; bit++, n /= 2) {
-        const __mmask32 hi = _mm512_test_epi16_mask(idx, _mm512_set1_epi16((short)(1 << bit)));
-        for (int p = 0; p < n / 2; p++) part[p] = _mm512_mask_blend_epi16(hi, part[2 * p], part[2 * p + 1]);
+// A grid's code words as two byte planes (plane P: byte P of every entry), for vpermt2b: its 128-byte tables take
+// an index's low 7 bits, so a lookup covers 128 entries, where vpermt2w's cover 64.
+template <int N>
+struct Planes {
+    alignas(64) uint8_t b[2][N];
+    explicit Planes(const Codes<N>& c) {
+        for (int e = 0; e < N; e++) {
+            b[0][e] = (uint8_t)(c.w[e] & 0xff);
+            b[1][e] = (uint8_t)(c.w[e] >> 8);
+        }
     }
-    return part[0];
+};
+const Planes<256>& planes_xxs() {
+    static const Planes<256> p(codes_xxs());
+    return p;
+}
+const Planes<512>& planes_xs() {
+    static const Planes<512> p(codes_xs());
+    return p;
+}
+const Planes<1024>& planes_s() {
+    static const Planes<1024> p(codes_s());
+    return p;
 }
 
-// The constants a row's super-blocks use, copied into locals once per row (the compiler keeps what fits in
+// The code words of 64 grid indices, two super-blocks' 32 each: idx holds the indices' low bytes (byte 16 j + i:
+// the first super-block's group 8 j + i for i < 8, the second's group 8 j + i - 8 after), sel[b] bit b of the
+// index's table number (index / 128). Each plane by T lookups (tab: a Planes' vectors, registers or memory) and
+// T - 1 blends; vpunpcklbw then gives the first super-block's 32 words in group order, vpunpckhbw the second's.
+template <int T>
+inline void lookup_pair(__m512i idx, const __mmask64* sel, const __m512i* tab, __m512i& wa, __m512i& wb) {
+    __m512i plane[2];
+    for (int P = 0; P < 2; P++) {
+        __m512i part[T];
+        for (int t = 0; t < T; t++)
+            part[t] = _mm512_permutex2var_epi8(tab[2 * T * P + 2 * t], idx, tab[2 * T * P + 2 * t + 1]);
+        for (int bit = 0, n = T; n > 1; bit++, n /= 2)
+            for (int t = 0; t < n / 2; t++) part[t] = _mm512_mask_blend_epi8(sel[bit], part[2 * t], part[2 * t + 1]);
+        plane[P] = part[0];
+    }
+    wa = _mm512_unpacklo_epi8(plane[0], plane[1]);
+    wb = _mm512_unpackhi_epi8(plane[0], plane[1]);
+}
+
+// The vpermt2b selector that gathers lookup_pair's idx from two blocks' bytes (the first block's bytes 0-63, the
+// second's 64-127): the byte for slot g of a block (byte 16 (g / 8) + g % 8 of idx, + 8 for the second block) is
+// its block's byte at(g); slot g holds group g's index unless a type orders its groups otherwise (iq2_s)
+template <class F>
+inline __m512i pair_order(F at) {
+    alignas(64) uint8_t b[64];
+    for (int i = 0; i < 64; i++) b[i] = (uint8_t)((i % 16 < 8 ? 0 : 64) + at(8 * (i / 16) + i % 8));
+    return _mm512_load_si512(b);
+}
+
+// The constants a row's super-blocks use, copied into locals once per call (the compiler keeps what fits in
 // registers: loaded from memory at every super-block, the ~20 constant vectors and the code tables were as many
 // 512-bit loads as the rest of the work's operations).
-template <int TABLES>
+template <int TABLE_VECTORS>
 struct Regs {
     Consts c;
-    __m512i tab[TABLES > 0 ? TABLES : 1];
-    explicit Regs(const uint16_t* table) : c(consts()) {
-        for (int i = 0; i < TABLES; i++) tab[i] = _mm512_load_si512(table + 32 * i);
+    __m512i tab[TABLE_VECTORS > 0 ? TABLE_VECTORS : 1];
+    explicit Regs(const uint8_t* planes) : c(consts()) {
+        for (int i = 0; i < TABLE_VECTORS; i++) tab[i] = _mm512_load_si512(planes + 64 * i);
     }
 };
 
@@ -164,34 +206,21 @@ inline __m512i nibble_scales(const uint8_t* scales8) {
 struct IQ2XXS {
     using Block = block_iq2_xxs;
     static constexpr int LANES_FROM = 16;  // (gemm_iq2)
-    static constexpr bool PAIRS = false, NATURAL = false;  // (XP's order)
+    static constexpr bool NATURAL = false;  // (XP's order)
     // qword ib of qs: grid indices in bytes 0-3, then 4 x 7 sign bits and the scale in bits 60-63
-    struct Sel {
-        alignas(64) uint8_t idx[64], sgn_shift[64];
-        alignas(64) uint32_t sc[16];
-        Sel() {
-            for (int i = 0; i < 64; i++) {
-                const int j = i / 2;  // word j: group j's index, byte 8 (j / 4) + j % 4
-                idx[i] = (uint8_t)(8 * (j / 4) + j % 4);
-                sgn_shift[i] = (uint8_t)(32 + 7 * (i % 4));  // the 7-bit sign fields at bits 32, 39, 46, 53
-            }
-            for (int g = 0; g < 16; g++) sc[g] = (uint32_t)(2 * (g / 2));  // dword of qword g / 2's scale
-        }
-    };
-    static const Sel& sel() {
-        static const Sel s;
-        return s;
-    }
     struct R : Regs<8> {
         __m512i idx, sgn_shift, sc;
-        R() : Regs<8>(codes_xxs().w), idx(_mm512_load_si512(sel().idx)), sgn_shift(_mm512_load_si512(sel().sgn_shift)),
-              sc(_mm512_load_si512(sel().sc)) {}
+        R() : Regs<8>(&planes_xxs().b[0][0]), idx(pair_order([](int g) { return 8 * (g / 4) + g % 4; })) {
+            alignas(64) uint8_t b[64];
+            alignas(64) uint32_t w[16];
+            for (int i = 0; i < 64; i++) b[i] = (uint8_t)(32 + 7 * (i % 4));  // the 7-bit sign fields at bits 32, 39, 46, 53
+            sgn_shift = _mm512_load_si512(b);
+            for (int g = 0; g < 16; g++) w[g] = (uint32_t)(2 * (g / 2));  // dword of qword g / 2's scale
+            sc = _mm512_load_si512(w);
+        }
     };
-    static void unpack(const Block& b, const R& k, Unpacked& u) {
+    static void finish_one(const Block& b, __m512i v, const R& k, __m512i codes, Unpacked& u) {
         const Consts& c = k.c;
-        const __m512i v = _mm512_loadu_si512(b.qs);
-        const __m512i idx = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, k.idx, v);
-        const __m512i codes = lookup_words<8>(idx, k.tab);
         // group 4 k + l's sign byte at byte l of qword k (bytes 4-7 repeat 0-3)
         const __m512i signs = _mm512_permutex2var_epi8(c.ks0, _mm512_multishift_epi64_epi8(k.sgn_shift, v), c.ks1);
         for (int r = 0; r < 4; r++) u.neg[r] = _mm512_bitshuffle_epi64_mask(signs, c.sign8[r]);
@@ -200,65 +229,63 @@ struct IQ2XXS {
         finish(c, codes, _mm512_castsi256_si512(_mm512_cvtepi32_epi16(s32)), u);
         u.d = _cvtsh_ss(b.d) * 0.125f;
     }
+    static void unpack2(const Block& a, const Block& b, const R& k, Unpacked& ua, Unpacked& ub) {
+        const __m512i va = _mm512_loadu_si512(a.qs), vb = _mm512_loadu_si512(b.qs);
+        const __m512i idx = _mm512_permutex2var_epi8(va, k.idx, vb);
+        const __mmask64 sel[1] = {_mm512_movepi8_mask(idx)};  // table: bit 7 of the index
+        __m512i ca, cb;
+        lookup_pair<2>(idx, sel, k.tab, ca, cb);
+        finish_one(a, va, k, ca, ua);
+        finish_one(b, vb, k, cb, ub);
+    }
 };
 
 // iq2_xs: word i of qs = 9-bit grid index | 7 sign bits << 9
 struct IQ2XS {
     using Block = block_iq2_xs;
     static constexpr int LANES_FROM = 16;  // (gemm_iq2)
-    static constexpr bool PAIRS = false, NATURAL = false;  // (XP's order)
+    static constexpr bool NATURAL = false;  // (XP's order)
     struct R : Regs<16> {
-        R() : Regs<16>(codes_xs().w) {}
+        __m512i lo, hi;
+        R() : Regs<16>(&planes_xs().b[0][0]), lo(pair_order([](int g) { return 2 * g; })),
+              hi(pair_order([](int g) { return 2 * g + 1; })) {}
     };
-    static void unpack(const Block& b, const R& k, Unpacked& u) {
+    static void finish_one(const Block& b, __m512i v, const R& k, __m512i codes, Unpacked& u) {
         const Consts& c = k.c;
-        const __m512i v = _mm512_loadu_si512(b.qs);
-        const __m512i codes = lookup_words<16>(_mm512_and_si512(v, _mm512_set1_epi16(511)), k.tab);
         const __m512i signs = _mm512_permutex2var_epi8(c.ks0, _mm512_srli_epi16(v, 9), c.ks1);  // byte 2 g
         for (int r = 0; r < 4; r++) u.neg[r] = _mm512_bitshuffle_epi64_mask(signs, c.sign16[r]);
         finish(c, codes, nibble_scales(b.scales), u);
         u.d = _cvtsh_ss(b.d) * 0.125f;
     }
+    static void unpack2(const Block& a, const Block& b, const R& k, Unpacked& ua, Unpacked& ub) {
+        const __m512i va = _mm512_loadu_si512(a.qs), vb = _mm512_loadu_si512(b.qs);
+        const __m512i lo = _mm512_permutex2var_epi8(va, k.lo, vb), hi = _mm512_permutex2var_epi8(va, k.hi, vb);
+        // table: bit 7 of the index's low byte + 2 x its bit 8
+        const __mmask64 sel[2] = {_mm512_movepi8_mask(lo), _mm512_test_epi8_mask(hi, _mm512_set1_epi8(1))};
+        __m512i ca, cb;
+        lookup_pair<4>(lo, sel, k.tab, ca, cb);
+        finish_one(a, va, k, ca, ua);
+        finish_one(b, vb, k, cb, ub);
+    }
 };
 
-// iq2_s: 10-bit indices (low 8 bits in qs[0..31], 2 in qh), plain sign bytes in qs[32..63]. Two super-blocks at a
-// time: their 64 indices as bytes, the code words' low and high bytes looked up separately by vpermt2b (128
-// entries a lookup, so 8 lookups and 7 blends a byte plane for 64 indices, where 16-bit lookups take 16 and 15 for
-// 32), then interleaved to words by vpunpck{l,h}bw.
+// iq2_s: 10-bit indices (low 8 bits in qs[0..31], 2 in qh), plain sign bytes in qs[32..63]. Its code words come in
+// the weights' own order (NATURAL), so that the sign bytes as stored are the vectors' masks.
 struct IQ2S {
     using Block = block_iq2_s;
     static constexpr int LANES_FROM = 10;  // (gemm_iq2)
-    static constexpr bool PAIRS = true, NATURAL = true;  // (XP's order)
-    // plane[P][t]: byte P of the code words of entries 128 t .. 128 t + 127
-    struct Planes {
-        alignas(64) uint8_t plane[2][8][128];
-        Planes() {
-            const Codes<1024>& c = codes_s();
-            for (int e = 0; e < 1024; e++) {
-                plane[0][e / 128][e % 128] = (uint8_t)(c.w[e] & 0xff);
-                plane[1][e / 128][e % 128] = (uint8_t)(c.w[e] >> 8);
-            }
-        }
-    };
-    static const Planes& planes() {
-        static const Planes p;
-        return p;
-    }
+    static constexpr bool NATURAL = true;  // (XP's order)
     struct R : Regs<0> {  // (the 32 table vectors stay in memory: they do not fit in registers with the rest)
         __m512i order, qh_at, sc_pair[2];
-        const __m512i* tab;
-        R() : Regs<0>(nullptr), tab((const __m512i*)planes().plane) {
+        const __m512i* mem_tab;
+        R() : Regs<0>(nullptr), mem_tab((const __m512i*)&planes_s().b[0][0]) {
             alignas(64) uint8_t b[64];
             alignas(64) uint16_t w[32];
             // byte 16 j + 4 h + i (h < 2, i < 4): super-block a's group 8 i + 2 j + h, and 8 bytes on b's. After the
-            // lookups vpunpcklbw puts a's code words in the order vpmultishiftqb wants for the weights' own order
-            // (qword k: groups k, 8 + k, 16 + k, 24 + k; vector r takes the word r of each: groups 8 r + k), and
+            // lookups vpunpcklbw gives a's code words in the order vpmultishiftqb wants for the weights' own order
+            // (qword k: groups k, 8 + k, 16 + k, 24 + k; vector r takes word r of each: groups 8 r + k), and
             // vpunpckhbw b's.
-            for (int i = 0; i < 64; i++) {
-                const int j = i / 16, h = (i % 8) / 4, g = 8 * (i % 4) + 2 * j + h;
-                b[i] = (uint8_t)((i % 16 < 8 ? 0 : 64) + g);
-            }
-            order = _mm512_load_si512(b);
+            order = pair_order([](int g) { return 8 * (g % 4) + (g / 8) * 2 + (g % 8) / 4; });
             // qword 2 j: a's qh, 2 j + 1: b's; the byte of group g takes its two bits at bit 2 g
             for (int i = 0; i < 64; i++) {
                 const int j = i / 16, h = (i % 8) / 4, g = 8 * (i % 4) + 2 * j + h;
@@ -273,31 +300,7 @@ struct IQ2S {
             }
         }
     };
-    static void codes2(const Block& a, const Block& b, const R& k, __m512i& ca, __m512i& cb) {
-        const __m512i lo = _mm512_permutex2var_epi8(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)a.qs)),
-                                                    k.order,
-                                                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)b.qs)));
-        uint64_t qa, qb;
-        std::memcpy(&qa, a.qh, 8);
-        std::memcpy(&qb, b.qh, 8);
-        const __m512i hq = _mm512_multishift_epi64_epi8(k.qh_at, _mm512_broadcast_i32x4(_mm_set_epi64x((long long)qb, (long long)qa)));
-        // table t = bit 7 of the low byte + 2 x the two high bits
-        const __mmask64 t0 = _mm512_movepi8_mask(lo);
-        const __mmask64 t1 = _mm512_test_epi8_mask(hq, _mm512_set1_epi8(1));
-        const __mmask64 t2 = _mm512_test_epi8_mask(hq, _mm512_set1_epi8(2));
-        __m512i plane[2];
-        for (int P = 0; P < 2; P++) {
-            const __m512i* tab = k.tab + 16 * P;
-            __m512i part[8];
-            for (int t = 0; t < 8; t++) part[t] = _mm512_permutex2var_epi8(tab[2 * t], lo, tab[2 * t + 1]);
-            for (int t = 0; t < 4; t++) part[t] = _mm512_mask_blend_epi8(t0, part[2 * t], part[2 * t + 1]);
-            for (int t = 0; t < 2; t++) part[t] = _mm512_mask_blend_epi8(t1, part[2 * t], part[2 * t + 1]);
-            plane[P] = _mm512_mask_blend_epi8(t2, part[0], part[1]);
-        }
-        ca = _mm512_unpacklo_epi8(plane[0], plane[1]);
-        cb = _mm512_unpackhi_epi8(plane[0], plane[1]);
-    }
-    // The weights in their own order (vector r: weights 64 r .. 64 r + 63), so sign byte 8 r + k is bits 8 k .. 8 k + 7
+    // The weights in their own order (vector r: weights 64 r .. 64 r + 63): sign byte 8 r + k is bits 8 k .. 8 k + 7
     // of vector r's mask as stored.
     static void finish_one(const Block& b, const R& k, __m512i codes, Unpacked& u) {
         const Consts& c = k.c;
@@ -312,20 +315,26 @@ struct IQ2S {
         u.d = _cvtsh_ss(b.d) * 0.125f;
     }
     static void unpack2(const Block& a, const Block& b, const R& k, Unpacked& ua, Unpacked& ub) {
+        const __m512i lo = _mm512_permutex2var_epi8(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)a.qs)),
+                                                    k.order,
+                                                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)b.qs)));
+        uint64_t qa, qb;
+        std::memcpy(&qa, a.qh, 8);
+        std::memcpy(&qb, b.qh, 8);
+        const __m512i hq = _mm512_multishift_epi64_epi8(k.qh_at, _mm512_broadcast_i32x4(_mm_set_epi64x((long long)qb, (long long)qa)));
+        // table: bit 7 of the low byte + 2 x the two high bits
+        const __mmask64 sel[3] = {_mm512_movepi8_mask(lo), _mm512_test_epi8_mask(hq, _mm512_set1_epi8(1)),
+                                  _mm512_test_epi8_mask(hq, _mm512_set1_epi8(2))};
         __m512i ca, cb;
-        codes2(a, b, k, ca, cb);
+        lookup_pair<8>(lo, sel, k.mem_tab, ca, cb);
         finish_one(a, k, ca, ua);
         finish_one(b, k, cb, ub);
     }
-    static void unpack(const Block& a, const R& k, Unpacked& u) {  // (the odd last super-block of a row)
-        __m512i ca, cb;
-        codes2(a, a, k, ca, cb);
-        finish_one(a, k, ca, u);
-    }
 };
 
-// One weight row against RN tokens; a.X holds XP blocks, k the constants (loaded once per call: with 2-8
-// super-blocks per row, as the experts' products have, loading them per row cost more than the row's work).
+// One weight row against RN tokens (the last of an odd count of rows; row_pairs takes the others); a.X holds XP
+// blocks, k the constants (loaded once per call: with 2-8 super-blocks per row, as the experts' products have,
+// loading them per row cost more than the row's work).
 template <class U, int RN>
 inline void row(const Args& a, int64_t n, int m, const typename U::R& k) {
     using Block = typename U::Block;
@@ -352,8 +361,8 @@ inline void row(const Args& a, int64_t n, int m, const typename U::R& k) {
     };
     for (int64_t s = 0; s < nsb; s++) {
         prefetch_block(w + s, sizeof(Block));
-        Unpacked u;
-        U::unpack(w[s], k, u);
+        Unpacked u, unused;
+        U::unpack2(w[s], w[s], k, u, unused);
         tokens(u, s);
     }
     for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n] = _mm512_reduce_add_ps(acc[t]);
@@ -400,10 +409,10 @@ inline void row_pairs(const Args& a, int64_t n, int m, const typename U::R& k) {
 }
 
 // Up to U::LANES_FROM - 1 tokens here (a row unpacked once per 4 tokens), more by the AVX2 table's lane tiles,
-// which unpack a row once for every token. kbench, one thread, 512 x 2048, ns per super-block row and token at
-// 8 / 16 / 64 tokens, these tiles against the lane tiles: IQ2_XXS 4.70 / 4.71 / 4.68 against 5.59 / 4.62 / 3.88,
-// IQ2_XS 5.14 / 5.13 / 5.12 against 5.75 / 4.64 / 3.81; IQ2_S at 8 / 12 tokens 5.37-5.77 / 5.36-5.65 against
-// 5.77-6.09 / 5.07-5.20 (three runs each).
+// which unpack a row once for every token. kbench, one thread, 512 x 2048, ns per super-block row and token, these
+// tiles at 8 / 15 tokens against the lane tiles at 16 / 64: IQ2_XXS 4.62-4.88 / 4.69-4.70 against 4.72-4.81 /
+// 3.78-4.87, IQ2_XS 4.79-5.21 / 4.89-5.31 against 4.85-6.32 / 3.88-4.18; IQ2_S at 8 / 12 tokens 5.37-5.77 /
+// 5.36-5.65 against the lane tiles' 5.77-6.09 / 5.07-5.20 (2026-12-07, a noisy hour: ranges of two or three runs).
 template <class U, gemm_fn Kernels::*LANES>
 void gemm_iq2(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
               int64_t n0, int64_t n1) {
@@ -433,20 +442,18 @@ void gemm_iq2(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
     const Args a{W, wrb, (const uint8_t*)xp.data(), (size_t)nsb * sizeof(XP), K, Y, ldy};
     const typename U::R k;
     int64_t n = n0;
-    if constexpr (U::PAIRS) {
-        // one token on short rows (the experts' down projections: 2 super-blocks): four rows at a time, more
-        // independent work around each row's final sum (kbench, 2048 x 512: 16.8 -> 14.8 ns per super-block
-        // row); on long rows four rows' unpacked blocks spill registers (4096 x 14336: 11.3 -> 13.1)
-        if (M == 1 && nsb <= 4)
-            for (; n + 4 <= n1; n += 4) row_pairs<U, 2, 1>(a, n, 0, k);
-        for (; n + 2 <= n1; n += 2) {
-            int m = 0;
-            for (; m + 4 <= M; m += 4) row_pairs<U, 1, 4>(a, n, m, k);
-            switch (M - m) {
-                case 3: row_pairs<U, 1, 3>(a, n, m, k); break;
-                case 2: row_pairs<U, 1, 2>(a, n, m, k); break;
-                case 1: row_pairs<U, 1, 1>(a, n, m, k); break;
-            }
+    // one token on short rows (the experts' down projections: 2 super-blocks): four rows at a time, more
+    // independent work around each row's final sum (kbench, iq2_s 2048 x 512: 16.8 -> 14.8 ns per super-block
+    // row); on long rows four rows' unpacked blocks spill registers (4096 x 14336: 11.3 -> 13.1)
+    if (M == 1 && nsb <= 4)
+        for (; n + 4 <= n1; n += 4) row_pairs<U, 2, 1>(a, n, 0, k);
+    for (; n + 2 <= n1; n += 2) {
+        int m = 0;
+        for (; m + 4 <= M; m += 4) row_pairs<U, 1, 4>(a, n, m, k);
+        switch (M - m) {
+            case 3: row_pairs<U, 1, 3>(a, n, m, k); break;
+            case 2: row_pairs<U, 1, 2>(a, n, m, k); break;
+            case 1: row_pairs<U, 1, 1>(a, n, m, k); break;
         }
     }
     for (; n < n1; n++) {
