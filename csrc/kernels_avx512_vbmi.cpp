@@ -332,6 +332,22 @@ struct IQ2S {
     }
 };
 
+// acc + one unpacked super-block of one row against one token's activations, as 16 float lanes
+inline __m512 dot_add(const Unpacked& u, const XP& x, __m512 acc) {
+    __m512i isum = _mm512_setzero_si512();
+    for (int p = 0; p < 2; p++) {
+        __m512i dot[2];
+        for (int h = 0; h < 2; h++) {
+            const int r = 2 * p + h;
+            const __m512i xv = _mm512_load_si512(x.qs + 64 * r);
+            const __m512i xs = _mm512_mask_sub_epi8(xv, u.neg[r], _mm512_setzero_si512(), xv);
+            dot[h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.mag[r], xs);
+        }
+        isum = _mm512_dpwssd_epi32(isum, _mm512_packs_epi32(dot[0], dot[1]), u.sc[p]);
+    }
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * x.d), acc);
+}
+
 // One weight row against RN tokens (the last of an odd count of rows; row_pairs takes the others); a.X holds XP
 // blocks, k the constants (loaded once per call: with 2-8 super-blocks per row, as the experts' products have,
 // loading them per row cost more than the row's work).
@@ -342,28 +358,11 @@ inline void row(const Args& a, int64_t n, int m, const typename U::R& k) {
     for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
     const Block* w = (const Block*)(a.W + n * a.wrb);
     const int64_t nsb = a.K / QK_K;
-    const auto tokens = [&](const Unpacked& u, int64_t s) {
-        for (int t = 0; t < RN; t++) {
-            const XP& x = ((const XP*)(a.X + (m + t) * a.xrb))[s];
-            __m512i isum = _mm512_setzero_si512();
-            for (int p = 0; p < 2; p++) {
-                __m512i dot[2];
-                for (int h = 0; h < 2; h++) {
-                    const int r = 2 * p + h;
-                    const __m512i xv = _mm512_load_si512(x.qs + 64 * r);
-                    const __m512i xs = _mm512_mask_sub_epi8(xv, u.neg[r], _mm512_setzero_si512(), xv);
-                    dot[h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.mag[r], xs);
-                }
-                isum = _mm512_dpwssd_epi32(isum, _mm512_packs_epi32(dot[0], dot[1]), u.sc[p]);
-            }
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * x.d), acc[t]);
-        }
-    };
     for (int64_t s = 0; s < nsb; s++) {
         prefetch_block(w + s, sizeof(Block));
         Unpacked u, unused;
         U::unpack2(w[s], w[s], k, u, unused);
-        tokens(u, s);
+        for (int t = 0; t < RN; t++) acc[t] = dot_add(u, ((const XP*)(a.X + (m + t) * a.xrb))[s], acc[t]);
     }
     for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n] = _mm512_reduce_add_ps(acc[t]);
 }
@@ -388,20 +387,7 @@ inline void row_pairs(const Args& a, int64_t n, int m, const typename U::R& k) {
         }
         for (int t = 0; t < RN; t++) {
             const XP& x = ((const XP*)(a.X + (m + t) * a.xrb))[s];
-            for (int j = 0; j < 2 * P; j++) {
-                __m512i isum = _mm512_setzero_si512();
-                for (int p = 0; p < 2; p++) {
-                    __m512i dot[2];
-                    for (int h = 0; h < 2; h++) {
-                        const int r = 2 * p + h;
-                        const __m512i xv = _mm512_load_si512(x.qs + 64 * r);
-                        const __m512i xs = _mm512_mask_sub_epi8(xv, u[j].neg[r], _mm512_setzero_si512(), xv);
-                        dot[h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[j].mag[r], xs);
-                    }
-                    isum = _mm512_dpwssd_epi32(isum, _mm512_packs_epi32(dot[0], dot[1]), u[j].sc[p]);
-                }
-                acc[j][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u[j].d * x.d), acc[j][t]);
-            }
+            for (int j = 0; j < 2 * P; j++) acc[j][t] = dot_add(u[j], x, acc[j][t]);
         }
     }
     for (int j = 0; j < 2 * P; j++)
