@@ -1,6 +1,6 @@
 // AVX-512 (F, BW, VL) + VNNI kernels for q4_K, q5_K, q6_K, q4_0, q8_0, q5_0, q4_1, q5_1, iq4_nl and mxfp4, and
 // the layouts repacked at load of q4_K, q3_K, q2_K, iq4_xs, iq3_xxs and iq3_s (with model_ops_avx512.cpp and
-// kernels_avx512_vbmi.cpp the only files compiled with -mavx512*). The iq2 types up to 7-15 tokens run the VBMI
+// kernels_avx512_vbmi.cpp the only files compiled with -mavx512*). The iq2 types up to 9-15 tokens run the VBMI
 // kernels of kernels_avx512_vbmi.cpp where the CPU has VBMI and BITALG. Every other format (the iq3 types and q2_K,
 // q3_K in the file's layout, the iq2 types on other CPUs or with more tokens) runs the AVX2 kernels: kernels_avx512()
 // is the AVX2 table with these entries replaced.
@@ -1189,7 +1189,7 @@ Kernels make_table() {
     k.gemm_mxfp4 = gemm_q8a<UnpackMXFP4, 4>;
     k.gemm_q4_1 = gemm_q8a<UnpackQ41<false>, 4>;
     k.gemm_q5_1 = gemm_q8a<UnpackQ41<true>, 4>;
-    // iq2_xxs / iq2_xs / iq2_s up to 7-15 tokens: the VBMI kernels where the CPU has VBMI and BITALG (else AVX2's)
+    // iq2_xxs / iq2_xs / iq2_s up to 9-15 tokens: the VBMI kernels where the CPU has VBMI and BITALG (else AVX2's)
     if (cpu_has_avx512vbmi_bitalg()) add_avx512_vbmi(k);
     return k;
 }
