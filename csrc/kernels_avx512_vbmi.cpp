@@ -155,24 +155,35 @@ inline void lookup_pair(__m512i idx, const __mmask64* sel, const __m512i* tab, _
     wb = _mm512_unpackhi_epi8(plane[0], plane[1]);
 }
 
+// A constant vector's 64 bytes; each type builds its selectors once (Sel) and every call loads them.
+struct alignas(64) Bytes64 {
+    uint8_t b[64];
+};
+
 // The vpermt2b selector that gathers lookup_pair's idx from two blocks' bytes (the first block's bytes 0-63, the
 // second's 64-127): the byte for slot g of a block (byte 16 (g / 8) + g % 8 of idx, + 8 for the second block) is
 // its block's byte at(g); slot g holds group g's index unless a type orders its groups otherwise (iq2_s)
 template <class F>
-inline __m512i pair_order(F at) {
-    alignas(64) uint8_t b[64];
-    for (int i = 0; i < 64; i++) b[i] = (uint8_t)((i % 16 < 8 ? 0 : 64) + at(8 * (i / 16) + i % 8));
-    return _mm512_load_si512(b);
+Bytes64 pair_order(F at) {
+    Bytes64 v;
+    for (int i = 0; i < 64; i++) v.b[i] = (uint8_t)((i % 16 < 8 ? 0 : 64) + at(8 * (i / 16) + i % 8));
+    return v;
 }
+
+inline __m512i load(const Bytes64& v) { return _mm512_load_si512(v.b); }
 
 // The constants a row's super-blocks use, copied into locals once per call (the compiler keeps what fits in
 // registers: loaded from memory at every super-block, the ~20 constant vectors and the code tables were as many
 // 512-bit loads as the rest of the work's operations).
-template <int TABLE_VECTORS>
-struct Regs {
+struct ConstRegs {
     Consts c;
-    __m512i tab[TABLE_VECTORS > 0 ? TABLE_VECTORS : 1];
-    explicit Regs(const uint8_t* planes) : c(consts()) {
+    ConstRegs() : c(consts()) {}
+};
+// ... and a code table held in registers (TABLE_VECTORS vectors of a Planes)
+template <int TABLE_VECTORS>
+struct Regs : ConstRegs {
+    __m512i tab[TABLE_VECTORS];
+    explicit Regs(const uint8_t* planes) {
         for (int i = 0; i < TABLE_VECTORS; i++) tab[i] = _mm512_load_si512(planes + 64 * i);
     }
 };
@@ -208,16 +219,22 @@ struct IQ2XXS {
     static constexpr int LANES_FROM = 16;  // (gemm_iq2)
     static constexpr bool NATURAL = false;  // (XP's order)
     // qword ib of qs: grid indices in bytes 0-3, then 4 x 7 sign bits and the scale in bits 60-63
+    struct Sel {
+        Bytes64 idx, sgn_shift;
+        alignas(64) uint32_t sc[16];
+        Sel() : idx(pair_order([](int g) { return 8 * (g / 4) + g % 4; })) {
+            for (int i = 0; i < 64; i++) sgn_shift.b[i] = (uint8_t)(32 + 7 * (i % 4));  // the 7-bit sign fields at bits 32, 39, 46, 53
+            for (int g = 0; g < 16; g++) sc[g] = (uint32_t)(2 * (g / 2));  // dword of qword g / 2's scale
+        }
+    };
+    static const Sel& sel() {
+        static const Sel s;
+        return s;
+    }
     struct R : Regs<8> {
         __m512i idx, sgn_shift, sc;
-        R() : Regs<8>(&planes_xxs().b[0][0]), idx(pair_order([](int g) { return 8 * (g / 4) + g % 4; })) {
-            alignas(64) uint8_t b[64];
-            alignas(64) uint32_t w[16];
-            for (int i = 0; i < 64; i++) b[i] = (uint8_t)(32 + 7 * (i % 4));  // the 7-bit sign fields at bits 32, 39, 46, 53
-            sgn_shift = _mm512_load_si512(b);
-            for (int g = 0; g < 16; g++) w[g] = (uint32_t)(2 * (g / 2));  // dword of qword g / 2's scale
-            sc = _mm512_load_si512(w);
-        }
+        R() : Regs<8>(&planes_xxs().b[0][0]), idx(load(sel().idx)), sgn_shift(load(sel().sgn_shift)),
+              sc(_mm512_load_si512(sel().sc)) {}
     };
     static void finish_one(const Block& b, __m512i v, const R& k, __m512i codes, Unpacked& u) {
         const Consts& c = k.c;
@@ -245,10 +262,16 @@ struct IQ2XS {
     using Block = block_iq2_xs;
     static constexpr int LANES_FROM = 16;  // (gemm_iq2)
     static constexpr bool NATURAL = false;  // (XP's order)
+    struct Sel {
+        Bytes64 lo = pair_order([](int g) { return 2 * g; }), hi = pair_order([](int g) { return 2 * g + 1; });
+    };
+    static const Sel& sel() {
+        static const Sel s;
+        return s;
+    }
     struct R : Regs<16> {
         __m512i lo, hi;
-        R() : Regs<16>(&planes_xs().b[0][0]), lo(pair_order([](int g) { return 2 * g; })),
-              hi(pair_order([](int g) { return 2 * g + 1; })) {}
+        R() : Regs<16>(&planes_xs().b[0][0]), lo(load(sel().lo)), hi(load(sel().hi)) {}
     };
     static void finish_one(const Block& b, __m512i v, const R& k, __m512i codes, Unpacked& u) {
         const Consts& c = k.c;
@@ -275,30 +298,32 @@ struct IQ2S {
     using Block = block_iq2_s;
     static constexpr int LANES_FROM = 10;  // (gemm_iq2)
     static constexpr bool NATURAL = true;  // (XP's order)
-    struct R : Regs<0> {  // (the 32 table vectors stay in memory: they do not fit in registers with the rest)
-        __m512i order, qh_at, sc_pair[2];
-        const __m512i* mem_tab;
-        R() : Regs<0>(nullptr), mem_tab((const __m512i*)&planes_s().b[0][0]) {
-            alignas(64) uint8_t b[64];
-            alignas(64) uint16_t w[32];
-            // byte 16 j + 4 h + i (h < 2, i < 4): super-block a's group 8 i + 2 j + h, and 8 bytes on b's. After the
-            // lookups vpunpcklbw gives a's code words in the order vpmultishiftqb wants for the weights' own order
-            // (qword k: groups k, 8 + k, 16 + k, 24 + k; vector r takes word r of each: groups 8 r + k), and
-            // vpunpckhbw b's.
-            order = pair_order([](int g) { return 8 * (g % 4) + (g / 8) * 2 + (g % 8) / 4; });
-            // qword 2 j: a's qh, 2 j + 1: b's; the byte of group g takes its two bits at bit 2 g
-            for (int i = 0; i < 64; i++) {
-                const int j = i / 16, h = (i % 8) / 4, g = 8 * (i % 4) + 2 * j + h;
-                b[i] = (uint8_t)(2 * g);
-            }
-            qh_at = _mm512_load_si512(b);
-            // vpackssdw(s_a, s_b) of vectors 2 p, 2 p + 1 holds, in 128-bit lane L, s_a's int32 lanes 4 L .. 4 L + 3,
-            // then s_b's; int32 lane i of vector r sums weights 64 r + 4 i .. + 3: the group of 16 4 r + L
-            for (int p = 0; p < 2; p++) {
-                for (int i = 0; i < 32; i++) w[i] = (uint16_t)(4 * (2 * p + (i % 8) / 4) + i / 8);
-                sc_pair[p] = _mm512_load_si512(w);
-            }
+    // Slot g of a super-block in lookup_pair's idx (its byte 16 j + 4 h + i, j = g / 8, h = g % 8 / 4, i = g % 4)
+    // takes group 8 i + 2 j + h: after the lookups vpunpcklbw gives the first super-block's code words in the order
+    // vpmultishiftqb wants for the weights' own order (qword k: groups k, 8 + k, 16 + k, 24 + k; vector r takes
+    // word r of each: groups 8 r + k), and vpunpckhbw the second's.
+    static int slot_group(int g) { return 8 * (g % 4) + 2 * (g / 8) + g % 8 / 4; }
+    struct Sel {
+        // order: the groups' low index bytes (qs[g]); qh_at: the bit offset 2 g of group g's two high bits within
+        // its block's 8 qh bytes, where qword 2 j of hq holds the first block's qh and 2 j + 1 the second's
+        // (vpmultishiftqb reads a selector byte's low 6 bits, so pair_order's + 64 for the second block drops out)
+        Bytes64 order = pair_order(slot_group), qh_at = pair_order([](int g) { return 2 * slot_group(g); });
+        // vpackssdw(s_a, s_b) of vectors 2 p, 2 p + 1 holds, in 128-bit lane L, s_a's int32 lanes 4 L .. 4 L + 3,
+        // then s_b's; int32 lane i of vector r sums weights 64 r + 4 i .. + 3: the group of 16 4 r + L
+        alignas(64) uint16_t sc_pair[2][32];
+        Sel() {
+            for (int p = 0; p < 2; p++)
+                for (int i = 0; i < 32; i++) sc_pair[p][i] = (uint16_t)(4 * (2 * p + (i % 8) / 4) + i / 8);
         }
+    };
+    static const Sel& sel() {
+        static const Sel s;
+        return s;
+    }
+    struct R : ConstRegs {  // (the 32 table vectors stay in memory: they do not fit in registers with the rest)
+        __m512i order = load(sel().order), qh_at = load(sel().qh_at);
+        __m512i sc_pair[2] = {_mm512_load_si512(sel().sc_pair[0]), _mm512_load_si512(sel().sc_pair[1])};
+        const __m512i* mem_tab = (const __m512i*)&planes_s().b[0][0];
     };
     // The weights in their own order (vector r: weights 64 r .. 64 r + 63): sign byte 8 r + k is bits 8 k .. 8 k + 7
     // of vector r's mask as stored.
@@ -348,35 +373,18 @@ inline __m512 dot_add(const Unpacked& u, const XP& x, __m512 acc) {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * x.d), acc);
 }
 
-// One weight row against RN tokens (the last of an odd count of rows; row_pairs takes the others); a.X holds XP
-// blocks, k the constants (loaded once per call: with 2-8 super-blocks per row, as the experts' products have,
-// loading them per row cost more than the row's work).
-template <class U, int RN>
-inline void row(const Args& a, int64_t n, int m, const typename U::R& k) {
-    using Block = typename U::Block;
-    __m512 acc[RN];
-    for (int t = 0; t < RN; t++) acc[t] = _mm512_setzero_ps();
-    const Block* w = (const Block*)(a.W + n * a.wrb);
-    const int64_t nsb = a.K / QK_K;
-    for (int64_t s = 0; s < nsb; s++) {
-        prefetch_block(w + s, sizeof(Block));
-        Unpacked u, unused;
-        U::unpack2(w[s], w[s], k, u, unused);
-        for (int t = 0; t < RN; t++) acc[t] = dot_add(u, ((const XP*)(a.X + (m + t) * a.xrb))[s], acc[t]);
-    }
-    for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n] = _mm512_reduce_add_ps(acc[t]);
-}
-
-// Rows n .. n + 2 P - 1 against RN tokens, super-block s of rows n + 2 j and n + 2 j + 1 unpacked together
-// (U::unpack2).
-template <class U, int P, int RN>
+// Rows n .. n + ROWS - 1 (ROWS = 2 P, or 1 for the last row of an odd count, which then stands in for the missing
+// one and is written once) against RN tokens: super-block s of rows n + 2 j and n + 2 j + 1 unpacked
+// together (U::unpack2). a.X holds XP blocks, k the constants (loaded once per call: with 2-8 super-blocks per
+// row, as the experts' products have, loading them per row cost more than the row's work).
+template <class U, int P, int RN, int ROWS = 2 * P>
 inline void row_pairs(const Args& a, int64_t n, int m, const typename U::R& k) {
     using Block = typename U::Block;
     __m512 acc[2 * P][RN];
     for (int j = 0; j < 2 * P; j++)
         for (int t = 0; t < RN; t++) acc[j][t] = _mm512_setzero_ps();
     const Block* w[2 * P];
-    for (int j = 0; j < 2 * P; j++) w[j] = (const Block*)(a.W + (n + j) * a.wrb);
+    for (int j = 0; j < 2 * P; j++) w[j] = (const Block*)(a.W + (n + (j < ROWS ? j : ROWS - 1)) * a.wrb);
     const int64_t nsb = a.K / QK_K;
     for (int64_t s = 0; s < nsb; s++) {
         Unpacked u[2 * P];
@@ -390,8 +398,20 @@ inline void row_pairs(const Args& a, int64_t n, int m, const typename U::R& k) {
             for (int j = 0; j < 2 * P; j++) acc[j][t] = dot_add(u[j], x, acc[j][t]);
         }
     }
-    for (int j = 0; j < 2 * P; j++)
+    for (int j = 0; j < ROWS; j++)
         for (int t = 0; t < RN; t++) a.Y[(m + t) * a.ldy + n + j] = _mm512_reduce_add_ps(acc[j][t]);
+}
+
+// Rows n .. n + ROWS - 1 (ROWS 1 or 2) against all M tokens, 4 at a time
+template <class U, int ROWS>
+inline void pair_rows(const Args& a, int64_t n, int M, const typename U::R& k) {
+    int m = 0;
+    for (; m + 4 <= M; m += 4) row_pairs<U, 1, 4, ROWS>(a, n, m, k);
+    switch (M - m) {
+        case 3: row_pairs<U, 1, 3, ROWS>(a, n, m, k); break;
+        case 2: row_pairs<U, 1, 2, ROWS>(a, n, m, k); break;
+        case 1: row_pairs<U, 1, 1, ROWS>(a, n, m, k); break;
+    }
 }
 
 // Up to U::LANES_FROM - 1 tokens here (a row unpacked once per 4 tokens), more by the AVX2 table's lane tiles,
@@ -433,24 +453,8 @@ void gemm_iq2(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
     // row); on long rows four rows' unpacked blocks spill registers (4096 x 14336: 11.3 -> 13.1)
     if (M == 1 && nsb <= 4)
         for (; n + 4 <= n1; n += 4) row_pairs<U, 2, 1>(a, n, 0, k);
-    for (; n + 2 <= n1; n += 2) {
-        int m = 0;
-        for (; m + 4 <= M; m += 4) row_pairs<U, 1, 4>(a, n, m, k);
-        switch (M - m) {
-            case 3: row_pairs<U, 1, 3>(a, n, m, k); break;
-            case 2: row_pairs<U, 1, 2>(a, n, m, k); break;
-            case 1: row_pairs<U, 1, 1>(a, n, m, k); break;
-        }
-    }
-    for (; n < n1; n++) {
-        int m = 0;
-        for (; m + 4 <= M; m += 4) row<U, 4>(a, n, m, k);
-        switch (M - m) {
-            case 3: row<U, 3>(a, n, m, k); break;
-            case 2: row<U, 2>(a, n, m, k); break;
-            case 1: row<U, 1>(a, n, m, k); break;
-        }
-    }
+    for (; n + 2 <= n1; n += 2) pair_rows<U, 2>(a, n, M, k);
+    if (n < n1) pair_rows<U, 1>(a, n, M, k);
 }
 
 }  // namespace
