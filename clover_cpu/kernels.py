@@ -35,8 +35,12 @@ def dequantize(data: np.ndarray, fmt: str) -> np.ndarray:
     return _core.dequantize(data, fmt)
 
 
-R16_FORMATS = ("q4_k", "q3_k", "q2_k", "q5_k", "q6_k", "iq4_xs", "iq3_xxs", "iq3_s")
+R16_FORMATS = ("q4_k", "q3_k", "q2_k", "q5_k", "q6_k", "iq4_xs", "iq3_xxs", "iq3_s", "iq4_nl", "mxfp4")
 """The formats repack_r16 takes (each becomes NAME_r16)."""
+
+R16_RUN_BYTES = {"iq4_nl": 144, "mxfp4": 136}
+"""Bytes of 256 weights of the R16_FORMATS whose blocks hold 32: repack_r16 takes their rows only as whole runs
+of 8 blocks (the others' blocks are 256 weights already)."""
 
 
 def repack_r16(ws, formats, *, release: bool = False) -> list[np.ndarray]:
@@ -44,7 +48,8 @@ def repack_r16(ws, formats, *, release: bool = False) -> list[np.ndarray]:
     in formats (one name for all, or one per array, of R16_FORMATS) -> the same shapes in NAME_r16: 16
     rows per group, one row per vector lane, scales decoded (148 bytes per row and super-block against
     q4_k's 144; 114 against q3_k's 110; q2_k's 84 as they are; 180 against q5_k's 176; q6_k's 210 as they
-    are; 138 against iq4_xs's 136; iq3_xxs and iq3_s transcoded to 4-bit codes, 138 against 98 and 110).
+    are; 138 against iq4_xs's 136; iq3_xxs and iq3_s transcoded to 4-bit codes, 138 against 98 and 110;
+    iq4_nl's 144 and mxfp4's 136 as they are, their rows whole runs of 256 weights: R16_RUN_BYTES).
     The same weights. The results are views of one buffer of their own. release: where a
     source lies in a read-only shared mapping of a file (Linux; as mmap.ACCESS_READ and np.memmap(mode="r")
     make), its whole pages are dropped from this process once it is copied (they stay in the page cache and
@@ -58,8 +63,8 @@ def repack_r16(ws, formats, *, release: bool = False) -> list[np.ndarray]:
 def has_native_r16(fmt: str, isa: str | None = None) -> bool:
     """Whether the kernels (the active ones, or isa's) multiply fmt (one of R16_FORMATS) repacked by
     repack_r16 with a product of their own: q4_k, iq4_xs, iq3_xxs and iq3_s on AVX2, AVX-VNNI, AVX-512 (the
-    tables built on AVX2's) and NEON with the dot-product extension; q3_k on AVX2, AVX-VNNI and AVX-512; q2_k
-    on AVX-512 alone; q5_k and q6_k on AVX2 alone (the AVX-VNNI and AVX-512 tables have products of their own
+    tables built on AVX2's) and NEON with the dot-product extension; q3_k on AVX2, AVX-VNNI and AVX-512; q2_k,
+    iq4_nl and mxfp4 on AVX-512 alone; q5_k and q6_k on AVX2 alone (the AVX-VNNI and AVX-512 tables have products of their own
     for them on the file's layout). The others multiply it with the scalar reference loops, so the loader
     keeps the file's layout there."""
     return _core.has_native_r16(fmt, isa)

@@ -243,14 +243,15 @@ bool read_only_file_pages(const std::vector<Mapping>& maps, uintptr_t a, uintptr
 }
 
 // The formats repack_r16 makes (quants.h's R16Format): from q4_k (148 bytes per row and super-block), q3_k
-// (114), q2_k (84), q5_k (180), q6_k (210), iq4_xs (138), iq3_xxs and iq3_s (138, transcoded to 4-bit codes).
+// (114), q2_k (84), q5_k (180), q6_k (210), iq4_xs (138), iq3_xxs and iq3_s (138, transcoded to 4-bit codes),
+// iq4_nl (144) and mxfp4 (136; both per 256 weights, as the file).
 const R16Format& r16_format(const std::string& name) {
     const TypeInfo& ti = parse_type(name);
     if (const R16Format* f = r16_format_of(ti.type); f && f->from == ti.type) return *f;
-    fail("repack_r16 takes q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs or iq3_s weights, got " + name);
+    fail("repack_r16 takes q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs, iq3_s, iq4_nl or mxfp4 weights, got " + name);
 }
 
-// Weight arrays of format fmts[i] (q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs, iq3_s) -> the same shapes in its _r16 layout: [rows, row_bytes]
+// Weight arrays of format fmts[i] (r16_format's) -> the same shapes in its _r16 layout: [rows, row_bytes]
 // or stacked experts [E, rows, row_bytes], rows a multiple of 16. The results are views of one buffer of
 // their own, 2 MB aligned (huge pages where the kernel gives them on request; one buffer, so no huge page
 // is left part-filled at the end of each array). release: where a source is a read-only shared mapping of
@@ -279,11 +280,13 @@ py::list py_repack_r16(const py::sequence& ws, const std::vector<std::string>& f
         if (!(w.flags() & py::array::c_style)) fail(what + " must be C-contiguous");
         const int nd = (int)w.ndim();
         Job j{w, nd == 3 ? (int64_t)w.shape(0) : 1, (int64_t)w.shape(nd - 2), 0, (size_t)w.shape(nd - 1), 0, 0, &f};
-        if (j.rb == 0 || j.rb % from.block_bytes)
-            fail(what + ": rows are not whole " + from.name + " super-blocks (" + std::to_string(from.block_bytes) +
-                 " bytes each)");
+        // (iq4_nl's and mxfp4's blocks hold 32 weights: their rows must be whole runs of 8, 256 weights)
+        const size_t sb_bytes = (size_t)from.block_bytes * (QK_K / from.block_size);
+        if (j.rb == 0 || j.rb % sb_bytes)
+            fail(what + ": rows are not whole " + from.name + " super-blocks (" + std::to_string(sb_bytes) +
+                 " bytes per 256 weights)");
         if (j.rows % R16) fail(what + ": repacking takes rows in groups of 16, got " + std::to_string(j.rows) + " rows");
-        j.k = (int64_t)(j.rb / from.block_bytes) * QK_K;
+        j.k = (int64_t)(j.rb / sb_bytes) * QK_K;
         j.orb = row_bytes(*type_info((int32_t)f.to), j.k);
         j.offset = total;
         total += ((size_t)j.E * j.rows * j.orb + 63) / 64 * 64;

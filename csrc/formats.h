@@ -50,6 +50,10 @@ enum class Type : int32_t {
     IQ3_XXS_R16 = 1018,
     IQ3_S_R16 = 1021,
     IQ4_XS_R16 = 1023,
+    // iq4_nl and mxfp4 rows repacked at load in groups of 16, 256 weights (8 file blocks) per group block
+    // (block_iq4_nl_r16, block_mxfp4_r16).
+    IQ4_NL_R16 = 1020,
+    MXFP4_R16 = 1039,
 };
 
 // x = d * (q - 8), q in 0..15; low nibbles are weights 0..15, high nibbles 16..31.
@@ -200,6 +204,33 @@ struct block_iq3_s_r16 {
     uint8_t qs[8][4][16][4];  // [group j][word t][row][byte i]: codes as block_iq4_xs_r16's nibbles
 };
 static_assert(sizeof(block_iq3_s_r16) == 16 * 138, "block_iq3_s_r16 is 2208 bytes");
+
+// 8 consecutive iq4_nl / mxfp4 blocks of a row (256 weights): what the repacked layouts below hold of one row.
+struct block_iq4_nl_x8 {
+    block_iq4_nl b[8];
+};
+static_assert(sizeof(block_iq4_nl_x8) == 144, "block_iq4_nl_x8 is 144 bytes");
+struct block_mxfp4_x8 {
+    block_mxfp4 b[8];
+};
+static_assert(sizeof(block_mxfp4_x8) == 136, "block_mxfp4_x8 is 136 bytes");
+
+// 16 rows of 8 iq4_nl blocks (256 weights), repacked (repack_iq4_nl_r16): qs as block_iq4_xs_r16's (qs[j][t][row]
+// the bytes 4 t .. + 3 of the row's block j: weights 32 j + 4 t .. + 3 in the low nibbles, + 16 in the high),
+// d[j][row] block j's fp16 scale. The file's 144 bytes per row and 256 weights, as they are.
+struct block_iq4_nl_r16 {
+    uint16_t d[8][16];        // [block j][row], fp16
+    uint8_t qs[8][4][16][4];  // [block j][word t][row][byte i]
+};
+static_assert(sizeof(block_iq4_nl_r16) == 16 * 144, "block_iq4_nl_r16 is 2304 bytes");
+
+// 16 rows of 8 mxfp4 blocks, repacked as iq4_nl (repack_mxfp4_r16): e[j][row] block j's E8M0 exponent. 136
+// bytes per row and 256 weights, as the file.
+struct block_mxfp4_r16 {
+    uint8_t e[8][16];         // [block j][row]
+    uint8_t qs[8][4][16][4];  // [block j][word t][row][byte i]
+};
+static_assert(sizeof(block_mxfp4_r16) == 16 * 136, "block_mxfp4_r16 is 2176 bytes");
 
 // As q4_K with a fifth bit per weight in qh (bit 2c / 2c+1 for chunk c, low / high nibble).
 struct block_q5_K {
@@ -561,6 +592,32 @@ inline void r16_put(const block_iq4_xs& b, int r, block_iq4_xs_r16& p) {
     for (int j = 0; j < 8; j++) {
         p.sc[j][r] = ls[j];
         for (int t = 0; t < 4; t++) std::memcpy(p.qs[j][t][r], b.qs + 16 * j + 4 * t, 4);
+    }
+}
+
+// Row r's 8 iq4_nl / mxfp4 blocks into / out of their repacked group (byte for byte both ways).
+inline void r16_put(const block_iq4_nl_x8& b, int r, block_iq4_nl_r16& p) {
+    for (int j = 0; j < 8; j++) {
+        p.d[j][r] = b.b[j].d;
+        for (int t = 0; t < 4; t++) std::memcpy(p.qs[j][t][r], b.b[j].qs + 4 * t, 4);
+    }
+}
+inline void r16_row(const block_iq4_nl_r16& p, int r, block_iq4_nl_x8& b) {
+    for (int j = 0; j < 8; j++) {
+        b.b[j].d = p.d[j][r];
+        for (int t = 0; t < 4; t++) std::memcpy(b.b[j].qs + 4 * t, p.qs[j][t][r], 4);
+    }
+}
+inline void r16_put(const block_mxfp4_x8& b, int r, block_mxfp4_r16& p) {
+    for (int j = 0; j < 8; j++) {
+        p.e[j][r] = b.b[j].e;
+        for (int t = 0; t < 4; t++) std::memcpy(p.qs[j][t][r], b.b[j].qs + 4 * t, 4);
+    }
+}
+inline void r16_row(const block_mxfp4_r16& p, int r, block_mxfp4_x8& b) {
+    for (int j = 0; j < 8; j++) {
+        b.b[j].e = p.e[j][r];
+        for (int t = 0; t < 4; t++) std::memcpy(b.b[j].qs + 4 * t, p.qs[j][t][r], 4);
     }
 }
 

@@ -70,6 +70,14 @@ struct R16Of<T, std::void_t<typename T::Block>> {
     static constexpr gemm_fn ref = T::ref;
 };
 
+// Whether a Tile's activations are block_q8_a rows (blocks of 32 with their own scale: the iq4_nl and mxfp4
+// tiles, as their file layouts' products) rather than block_q8_K ones (Q8A). Its xs[g] then point at block_q8_a
+// rows (super-block s is blocks 8 s .. 8 s + 7), and bsp[g][b] holds 128 x the sum of block b's activations.
+template <class T, class = void>
+struct Q8AOf : std::false_type {};
+template <class T>
+struct Q8AOf<T, std::void_t<decltype(T::Q8A)>> : std::bool_constant<T::Q8A> {};
+
 // rows and step of a Tile T whose superblock<G, PF>(p, s, xs, bsp, acc) adds super-block s of the 16 rows
 // at p to the 16 G sums at acc in memory (kernel_r16_256.h's, kernel_lowbit_avx2.h's low-bit ones and the
 // NEON one; AVX-512's keep theirs in registers).
@@ -99,6 +107,7 @@ void gemm_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
               int64_t n0, int64_t n1) {
     using Of = R16Of<Tile>;
     using Block = typename Of::Block;
+    constexpr bool Q8A = Q8AOf<Tile>::value;
     constexpr int GMAX = Tile::GMAX, PANEL = 8 * GMAX;  // tokens per group, per panel
     const int64_t nsb = K / QK_K;
     if (M < 1 || n1 <= n0) return;
@@ -109,8 +118,16 @@ void gemm_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
     // each token's sub-block sums as int16 pairs (2c, 2c + 1), one dword per chunk c of a super-block (a
     // type of this file's own: a std::vector<int32_t> would be a weak symbol, tests/test_isa_objects.py)
     thread_local std::vector<BsumPair> bs_buf;
-    bs_buf.resize(Of::PAIRS ? (size_t)M * nsb * 4 : 1);
+    const size_t per_token = Of::PAIRS ? (size_t)nsb * 4 : Q8A ? (size_t)nsb * 8 : 0;
+    bs_buf.resize(std::max<size_t>(1, (size_t)M * per_token));
     int32_t* const bs = &bs_buf[0].v;
+    for (int m = 0; m < (Q8A ? M : 0); m++)  // 128 x each block_q8_a's sum (Q8AOf)
+        for (int64_t b = 0; b < 8 * nsb; b++) {
+            const block_q8_a& x = ((const block_q8_a*)(X + m * xrb))[b];
+            int32_t sum = 0;
+            for (int i = 0; i < QK; i++) sum += x.qs[i];
+            bs[(size_t)m * per_token + b] = 128 * sum;
+        }
     for (int m = 0; m < (Of::PAIRS ? M : 0); m++)
         for (int64_t s = 0; s < nsb; s++) {
             const block_q8_K& x = ((const block_q8_K*)(X + m * xrb))[s];
@@ -128,7 +145,7 @@ void gemm_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
         int first[PANEL / GMAX + 1];
         for (int i = 0; i < mc; i++) {
             xs[i] = (const block_q8_K*)(X + (mp + i) * xrb);
-            bp[i] = Of::PAIRS ? bs + (size_t)(mp + i) * nsb * 4 : nullptr;
+            bp[i] = per_token ? bs + (size_t)(mp + i) * per_token : nullptr;
         }
         for (int tg = 0; tg <= n_groups; tg++) first[tg] = tg * mc / n_groups;  // groups of equal size
         for (int64_t g16 = g0; g16 < g1; g16++) {

@@ -38,6 +38,9 @@ struct Kernels {
     // has no kernel of its own (the loader then keeps the file's layout: has_native_r16).
     gemm_fn gemm_q2_K_r16 = nullptr, gemm_q3_K_r16 = nullptr, gemm_q5_K_r16 = nullptr, gemm_q6_K_r16 = nullptr, gemm_iq4_xs_r16 = nullptr,
             gemm_iq3_xxs_r16 = nullptr, gemm_iq3_s_r16 = nullptr;
+    // iq4_nl and mxfp4 repacked at load (block_iq4_nl_r16, block_mxfp4_r16); their activations stay q8_0-like
+    // blocks of 32 (block_q8_a), as for the file's layout.
+    gemm_fn gemm_iq4_nl_r16 = nullptr, gemm_mxfp4_r16 = nullptr;
 
     // The product for weights of type t (null for a type no kernel multiplies).
     gemm_fn gemm(Type t) const;
@@ -61,6 +64,10 @@ void gemm_iq4_xs_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X,
 void gemm_iq3_xxs_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K, int M,
                           float* Y, int64_t ldy, int64_t n0, int64_t n1);
 void gemm_iq3_s_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K, int M,
+                        float* Y, int64_t ldy, int64_t n0, int64_t n1);
+void gemm_iq4_nl_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K, int M,
+                         float* Y, int64_t ldy, int64_t n0, int64_t n1);
+void gemm_mxfp4_r16_ref(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K, int M,
                         float* Y, int64_t ldy, int64_t n0, int64_t n1);
 // Whether the table multiplies weights of the repacked type t with a kernel of its own: its product for t
 // (Kernels::gemm, which falls back to the reference loops where the table has none) is not the reference

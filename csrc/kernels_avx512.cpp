@@ -1013,6 +1013,74 @@ struct TileCodes4R16 : R16SumsInRegisters<TileCodes4R16<C>, false> {
     }
 };
 
+// ---- iq4_nl and mxfp4 repacked (block_iq4_nl_r16, block_mxfp4_r16) ----
+// The 4-bit code tile above with a float scale per block of 32 weights and row (fp16 d, or E8M0 2^(e - 128)
+// with mxfp4's values doubled) and activations in blocks of 32 with their own scales (block_q8_a, as the file
+// layouts' products and llama.cpp's take them, Q8AOf): per block j and token, the 8 vpdpbusd sums less 128 x
+// the block's activation sum (from the driver, bsp), to float, times the rows' scales x d_x, added. The int32
+// sums are exact; the float sums run in another order than the reference's (one row at a time, block after
+// block), so the results agree with it to rounding.
+struct ScalesIQ4NL {
+    using Block = block_iq4_nl_r16;
+    static constexpr const int8_t* VALUES = kvalues_iq4nl;
+    static constexpr gemm_fn REF = &gemm_iq4_nl_r16_ref;
+    static __m512 scales(const Block& p, int j) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.d[j])); }
+};
+struct ScalesMXFP4 {
+    using Block = block_mxfp4_r16;
+    static constexpr const int8_t* VALUES = kvalues_mxfp4;
+    static constexpr gemm_fn REF = &gemm_mxfp4_r16_ref;
+    // e8m0_to_fp32_half of 16 rows: (e - 1) << 23, and 0x00200000 << e below e = 2
+    static __m512 scales(const Block& p, int j) {
+        const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p.e[j]));
+        const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+        const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+        return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, sub));
+    }
+};
+template <class C>
+struct TileNL4R16 : R16SumsInRegisters<TileNL4R16<C>, false> {
+    using Block = typename C::Block;
+    static constexpr bool PAIRS = false;
+    static constexpr bool Q8A = true;
+    static constexpr gemm_fn ref = C::REF;
+    static constexpr int GMAX = 6;
+    static constexpr int HEAD_LINES = (int)(offsetof(Block, qs) + 63) / 64;
+
+    template <int G, Prefetch PF>
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
+                           __m512* acc) {
+        constexpr int FAR = G >= 2 ? 12288 : 0;  // (as TileR16)
+        for (int k = 0; k < HEAD_LINES; k++) prefetch_r16<PF, PREFETCH_BYTES, FAR>((const char*)&p + 64 * k);
+        const __m512i lo4 = _mm512_set1_epi8(0x0f);
+        const __m512i tab = table_plus_128(C::VALUES);
+        for (int j = 0; j < 8; j++) {
+            __m512i sj[G];
+            for (int g = 0; g < G; g++) sj[g] = _mm512_setzero_si512();
+            const block_q8_a* x[G];  // the tokens' block 8 s + j
+            for (int g = 0; g < G; g++) x[g] = (const block_q8_a*)(const void*)xs[g] + 8 * s + j;
+            for (int t = 0; t < 4; t++) {
+                const __m512i q = _mm512_loadu_si512(p.qs[j][t]);
+                prefetch_r16<PF, PREFETCH_BYTES, FAR>(p.qs[j][t]);
+                const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(q, lo4));
+                const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(q, 4), lo4));
+                for (int g = 0; g < G; g++) {
+                    int32_t a, b;
+                    std::memcpy(&a, x[g]->qs + 4 * t, 4);
+                    std::memcpy(&b, x[g]->qs + 16 + 4 * t, 4);
+                    sj[g] = _mm512_dpbusd_epi32(sj[g], lo, _mm512_set1_epi32(a));
+                    sj[g] = _mm512_dpbusd_epi32(sj[g], hi, _mm512_set1_epi32(b));
+                }
+            }
+            const __m512 dw = C::scales(p, j);
+            for (int g = 0; g < G; g++) {
+                const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(sj[g], _mm512_set1_epi32(bsp[g][8 * s + j])));
+                acc[g] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(x[g]->d)), acc[g]);
+            }
+        }
+    }
+};
+
 // The q3_K and q2_K tiles' inner loop: the sums of vector v's two groups of 16 weights (words 0-3 and 4-7)
 // for G tokens, sv[i][g] lane r = row r's codes of group 2v + i (code(t): 4 weights of 16 rows for word t,
 // unsigned) against token g's activations (vpdpbusd), with the block at p prefetched ahead, a line every
@@ -1178,6 +1246,8 @@ Kernels make_table() {
     k.gemm_iq4_xs_r16 = gemm_r16<TileCodes4R16<CodesIQ4XS>>;
     k.gemm_iq3_xxs_r16 = gemm_r16<TileCodes4R16<CodesIQ3XXS>>;
     k.gemm_iq3_s_r16 = gemm_r16<TileCodes4R16<CodesIQ3S>>;
+    k.gemm_iq4_nl_r16 = gemm_r16<TileNL4R16<ScalesIQ4NL>>;
+    k.gemm_mxfp4_r16 = gemm_r16<TileNL4R16<ScalesMXFP4>>;
     // Q4_0 (more unpacking per byte) gains from two rows already at 4 tokens (1.7x the AVX2 tile
     // against 1.3x with one row, same run); Q8_0 at 4 tokens streams 25 GB/s with one row, 15 with two.
     k.gemm_q4_0 = gemm_q8a<UnpackQ4_0, 4>;

@@ -170,7 +170,7 @@ void gemm_q4_K_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb,
     }
 }
 
-// q3_K, q5_K, q6_K, iq4_xs, iq3_xxs and iq3_s repacked by 16 rows: each row gathered back into the file's blocks (r16_row) and
+// q3_K, q5_K, q6_K, iq4_xs, iq3_xxs, iq3_s, iq4_nl and mxfp4 repacked by 16 rows: each row gathered back into the file's blocks (r16_row) and
 // multiplied by the reference product of the file's type, so the results are its bit for bit. Rows [n0, n1)
 // may start and end anywhere.
 namespace {
@@ -210,6 +210,16 @@ void gemm_q6_K_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb,
 void gemm_iq4_xs_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y,
                          int64_t ldy, int64_t n0, int64_t n1) {
     gemm_r16_rows_ref<block_iq4_xs_r16, block_iq4_xs>(kernels_ref().gemm_iq4_xs, W, wb, X, xb, K, M, Y, ldy, n0, n1);
+}
+
+void gemm_iq4_nl_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y,
+                         int64_t ldy, int64_t n0, int64_t n1) {
+    gemm_r16_rows_ref<block_iq4_nl_r16, block_iq4_nl_x8>(kernels_ref().gemm_iq4_nl, W, wb, X, xb, K, M, Y, ldy, n0, n1);
+}
+
+void gemm_mxfp4_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y,
+                        int64_t ldy, int64_t n0, int64_t n1) {
+    gemm_r16_rows_ref<block_mxfp4_r16, block_mxfp4_x8>(kernels_ref().gemm_mxfp4, W, wb, X, xb, K, M, Y, ldy, n0, n1);
 }
 
 void gemm_iq3_xxs_r16_ref(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, int64_t K, int M, float* Y,
@@ -338,6 +348,8 @@ gemm_fn Kernels::gemm(Type t) const {
         case Type::Q5_K_R16: return gemm_q5_K_r16 ? gemm_q5_K_r16 : &gemm_q5_K_r16_ref;
         case Type::IQ3_XXS_R16: return gemm_iq3_xxs_r16 ? gemm_iq3_xxs_r16 : &gemm_iq3_xxs_r16_ref;
         case Type::IQ3_S_R16: return gemm_iq3_s_r16 ? gemm_iq3_s_r16 : &gemm_iq3_s_r16_ref;
+        case Type::IQ4_NL_R16: return gemm_iq4_nl_r16 ? gemm_iq4_nl_r16 : &gemm_iq4_nl_r16_ref;
+        case Type::MXFP4_R16: return gemm_mxfp4_r16 ? gemm_mxfp4_r16 : &gemm_mxfp4_r16_ref;
         case Type::Q4_1: return gemm_q4_1 ? gemm_q4_1 : r.gemm_q4_1;
         case Type::Q5_0: return gemm_q5_0 ? gemm_q5_0 : r.gemm_q5_0;
         case Type::Q5_1: return gemm_q5_1 ? gemm_q5_1 : r.gemm_q5_1;

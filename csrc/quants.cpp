@@ -416,6 +416,8 @@ const TypeInfo TYPES[] = {
     {Type::Q5_K_R16, "q5_k_r16", QK_K, (int)sizeof(block_q5_K_r16) / R16},
     {Type::IQ3_XXS_R16, "iq3_xxs_r16", QK_K, (int)sizeof(block_iq3_xxs_r16) / R16},
     {Type::IQ3_S_R16, "iq3_s_r16", QK_K, (int)sizeof(block_iq3_s_r16) / R16},
+    {Type::IQ4_NL_R16, "iq4_nl_r16", QK_K, (int)sizeof(block_iq4_nl_r16) / R16},
+    {Type::MXFP4_R16, "mxfp4_r16", QK_K, (int)sizeof(block_mxfp4_r16) / R16},
 };
 
 }  // namespace
@@ -502,6 +504,19 @@ void dequantize_iq3_s_r16(const uint8_t* src, float* dst, int64_t n_groups, int6
     dequantize_r16_rows<block_iq3_s_r16, block_iq3_s>(Type::IQ3_S, src, dst, n_groups, k);
 }
 
+void repack_iq4_nl_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    repack_r16_rows<block_iq4_nl_r16, block_iq4_nl_x8>(src, src_row_bytes, g0, g1, k, dst);
+}
+void dequantize_iq4_nl_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
+    dequantize_r16_rows<block_iq4_nl_r16, block_iq4_nl_x8>(Type::IQ4_NL, src, dst, n_groups, k);
+}
+void repack_mxfp4_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst) {
+    repack_r16_rows<block_mxfp4_r16, block_mxfp4_x8>(src, src_row_bytes, g0, g1, k, dst);
+}
+void dequantize_mxfp4_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
+    dequantize_r16_rows<block_mxfp4_r16, block_mxfp4_x8>(Type::MXFP4, src, dst, n_groups, k);
+}
+
 void dequantize_q4_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k) {
     const int64_t nsb = k / QK_K;
     for (int64_t g = 0; g < n_groups; g++)
@@ -525,6 +540,8 @@ constexpr R16Format R16_FORMATS[] = {
     {Type::IQ4_XS, Type::IQ4_XS_R16, &repack_iq4_xs_r16, &dequantize_iq4_xs_r16},
     {Type::IQ3_XXS, Type::IQ3_XXS_R16, &repack_iq3_xxs_r16, &dequantize_iq3_xxs_r16},
     {Type::IQ3_S, Type::IQ3_S_R16, &repack_iq3_s_r16, &dequantize_iq3_s_r16},
+    {Type::IQ4_NL, Type::IQ4_NL_R16, &repack_iq4_nl_r16, &dequantize_iq4_nl_r16},
+    {Type::MXFP4, Type::MXFP4_R16, &repack_mxfp4_r16, &dequantize_mxfp4_r16},
 };
 }  // namespace
 
@@ -566,6 +583,8 @@ ActFormat act_format(Type t) {
         case Type::Q5_1:
         case Type::IQ4_NL:
         case Type::MXFP4:
+        case Type::IQ4_NL_R16:  // (as their file layouts: llama.cpp's activations for them, blocks of 32)
+        case Type::MXFP4_R16:
             return ActFormat::Q8_A;
         case Type::Q4_K:
         case Type::Q5_K:
@@ -659,6 +678,8 @@ void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t 
             case Type::Q5_K_R16:
             case Type::IQ3_XXS_R16:
             case Type::IQ3_S_R16:
+            case Type::IQ4_NL_R16:
+            case Type::MXFP4_R16:
                 break;
             default:  // the low-bit formats with a quantizer (has_quantizer); callers refuse the others
                 quantize_row_lowbit(t, x, y, k);
@@ -710,6 +731,8 @@ void dequantize_rows(Type t, const void* src, float* dst, int64_t n_rows, int64_
             case Type::Q5_K_R16:
             case Type::IQ3_XXS_R16:
             case Type::IQ3_S_R16:
+            case Type::IQ4_NL_R16:
+            case Type::MXFP4_R16:
                 break;
             default:
                 dequantize_row_lowbit(t, x, y, k);

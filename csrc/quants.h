@@ -54,6 +54,12 @@ void dequantize_q3_K_r16(const uint8_t* src, float* dst, int64_t n_groups, int64
 // iq4_xs rows in groups of 16 -> block_iq4_xs_r16 (row share 138 bytes against 136). Lossless.
 void repack_iq4_xs_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
 void dequantize_iq4_xs_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
+// iq4_nl and mxfp4 rows in groups of 16, 8 blocks (256 weights) per group block -> block_iq4_nl_r16,
+// block_mxfp4_r16 (the file's bytes per row). Lossless; k a multiple of 256.
+void repack_iq4_nl_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
+void dequantize_iq4_nl_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
+void repack_mxfp4_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
+void dequantize_mxfp4_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);
 // iq3_xxs rows in groups of 16 -> block_iq3_xxs_r16 (4-bit codes; row share 138 bytes against 98). Lossless.
 void repack_iq3_xxs_r16(const uint8_t* src, size_t src_row_bytes, int64_t g0, int64_t g1, int64_t k, uint8_t* dst);
 void dequantize_iq3_xxs_r16(const uint8_t* src, float* dst, int64_t n_groups, int64_t k);

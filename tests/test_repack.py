@@ -1,6 +1,6 @@
-"""q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs and iq3_s weights repacked at load into groups of 16 rows (formats
-"q4_k_r16", "q3_k_r16", "q2_k_r16", "q5_k_r16", "q6_k_r16", "iq4_xs_r16", "iq3_xxs_r16", "iq3_s_r16",
-csrc/formats.h): the
+"""q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs, iq3_s, iq4_nl and mxfp4 weights repacked at load into groups of
+16 rows (formats "q4_k_r16", "q3_k_r16", "q2_k_r16", "q5_k_r16", "q6_k_r16", "iq4_xs_r16", "iq3_xxs_r16",
+"iq3_s_r16", "iq4_nl_r16", "mxfp4_r16", csrc/formats.h): the
 same weights, the reference kernel's results bit for bit,
 every ISA's within rounding, the model's forward with and without it."""
 
@@ -19,13 +19,23 @@ ISAS = clover_cpu.system_info()["available_isas"]
 TOL_VS_REF = 2e-5  # the same integer sums; the float work in another order
 
 
-# bytes per row and super-block, repacked (144, 110, 84, 176, 210, 136, 98, 110 in the file)
-SHARE = {"q4_k": 148, "q3_k": 114, "q2_k": 84, "q5_k": 180, "q6_k": 210, "iq4_xs": 138, "iq3_xxs": 138, "iq3_s": 138}
+# bytes per row and super-block, repacked (144, 110, 84, 176, 210, 136, 98, 110, 144, 136 in the file)
+SHARE = {"q4_k": 148, "q3_k": 114, "q2_k": 84, "q5_k": 180, "q6_k": 210, "iq4_xs": 138, "iq3_xxs": 138, "iq3_s": 138,
+         "iq4_nl": 144, "mxfp4": 136}
 BLOCK = {"iq3_xxs": 98, "iq3_s": 110}  # (raw blocks: no quantizer here; the fp16 d first)
 FORMATS = list(SHARE)
 
 
+def mxfp4_blocks(rng, rows, k, exponents=(118, 130)):
+    """Raw mxfp4 rows (no quantizer here): every code, E8M0 exponents drawn from [lo, hi)."""
+    raw = rng.integers(0, 256, (rows, k // 32, 17), dtype=np.uint8)
+    raw[:, :, 0] = rng.integers(*exponents, (rows, k // 32))
+    return np.ascontiguousarray(raw.reshape(rows, -1))
+
+
 def quant(rng, rows, k, fmt="q4_k", scale=1.0):
+    if fmt == "mxfp4":
+        return mxfp4_blocks(rng, rows, k, (118 + int(np.log2(scale)), 130 + int(np.log2(scale))))
     if fmt in BLOCK:  # raw blocks: every grid index, sign and scale, d ~ 0.01 scale
         raw = rng.integers(0, 256, (rows, k // 256, BLOCK[fmt]), dtype=np.uint8)
         d = (np.abs(rng.standard_normal((rows, k // 256, 1))) * 0.01 * scale).astype(np.float16)
@@ -68,7 +78,7 @@ def test_one_call_repacks_every_format(rng):
         assert np.array_equal(kernels.dequantize(r, f + "_r16"), kernels.dequantize(w, f))
     with pytest.raises(ValueError, match="2 arrays but 1 formats"):
         kernels.repack_r16(ws[:2], ["q4_k"])
-    with pytest.raises(ValueError, match="takes q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs or iq3_s"):
+    with pytest.raises(ValueError, match="takes q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs, iq3_s, iq4_nl or mxfp4"):
         kernels.repack_r16(ws[:1], "q8_0")
 
 
@@ -169,9 +179,42 @@ def test_raw_low_bit_blocks_and_extreme_activations(fmt, rng):
             check_close(got, ref, TOL_VS_REF, f"raw {fmt} {isa} M={m}")
 
 
+@pytest.mark.parametrize("fmt", ["iq4_nl", "mxfp4"])
+def test_blocks_of_32_raw_scales_and_extreme_activations(fmt, rng):
+    # every code; each block's own scale (iq4_nl: fp16 d of either sign, 0 and subnormal; mxfp4: E8M0
+    # exponents 0 and 1, whose halves are subnormal floats, and large ones); rows at the extreme codes; against
+    # activations at +-1 throughout, 0, and spikes (blocks of 32 quantized each with their own scale)
+    rows, k = 48, 1024
+    if fmt == "mxfp4":
+        q = mxfp4_blocks(rng, rows, k, (0, 160)).reshape(rows, k // 32, 17)
+        q[[1, 7], :, 0] = rng.integers(0, 2, (2, k // 32))
+        codes, most, least = slice(1, 17), 0x77, 0xFF  # 6 and -6 (doubled: 12, -12)
+    else:
+        q = kernels.quantize(rng.standard_normal((rows, k)).astype(np.float32), "iq4_nl").reshape(rows, k // 32, 18)
+        d = (rng.standard_normal((rows, k // 32)) * 0.01).astype(np.float16)
+        d[3, ::5], d[4, ::3] = 0, np.float16(3e-8)  # zero and subnormal scales
+        q[:, :, :2] = d.view(np.uint8).reshape(rows, k // 32, 2)
+        codes, most, least = slice(2, 18), 0xFF, 0x00  # 113 and -127
+    q[[0, 9, 30], :, codes] = most
+    q[[5, 17], :, codes] = least
+    q = np.ascontiguousarray(q.reshape(rows, -1))
+    (r,) = kernels.repack_r16([q], fmt)
+    assert np.array_equal(kernels.dequantize(r, fmt + "_r16"), kernels.dequantize(q, fmt))
+    x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
+    x[0], x[1], x[2] = 1.0, -1.0, 0.0
+    x[3, ::97] = 1e4
+    x[4, :32] = 1e-3  # one block far smaller than the rest of its row
+    for m in (1, 4, 9):
+        ref = kernels.matmul(x[:m], q, fmt, isa="ref")
+        assert np.array_equal(kernels.matmul(x[:m], r, fmt + "_r16", isa="ref"), ref)
+        for isa in ISAS:
+            check_close(kernels.matmul(x[:m], r, fmt + "_r16", isa=isa), ref, TOL_VS_REF, f"raw {fmt} {isa} M={m}")
+
+
 def test_native_kernel_where_it_exists():
     # the loader repacks only for kernels that have a product of their own (q4_k, iq4_xs, iq3_xxs, iq3_s: AVX2,
-    # AVX-VNNI, AVX-512, and NEON on a CPU with sdot; q3_k: AVX2 and the tables built on it; q2_k: AVX-512 alone;
+    # AVX-VNNI, AVX-512, and NEON on a CPU with sdot; q3_k: AVX2 and the tables built on it; q2_k, iq4_nl,
+    # mxfp4: AVX-512 alone;
     # q5_k, q6_k: AVX2 alone,
     # the AVX-VNNI and AVX-512 tables multiply their file layouts with their own); the others carry the loops
     assert not any(kernels.has_native_r16(f, "ref") for f in kernels.R16_FORMATS)
@@ -181,7 +224,8 @@ def test_native_kernel_where_it_exists():
         for fmt in ("iq4_xs", "iq3_xxs", "iq3_s"):
             assert kernels.has_native_r16(fmt, isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
         assert kernels.has_native_r16("q3_k", isa) == (isa in ("avx2", "avxvnni", "avx512"))
-        assert kernels.has_native_r16("q2_k", isa) == (isa == "avx512")
+        for fmt in ("q2_k", "iq4_nl", "mxfp4"):
+            assert kernels.has_native_r16(fmt, isa) == (isa == "avx512")
         for fmt in ("q5_k", "q6_k"):
             assert kernels.has_native_r16(fmt, isa) == (isa == "avx2")
 
@@ -248,6 +292,10 @@ def test_bad_input_is_refused(rng):
                 lambda: kernels.dequantize(np.ascontiguousarray(r[:8]), "q4_k_r16")):
         with pytest.raises(ValueError, match="groups of 16"):
             bad()
+    # iq4_nl / mxfp4 rows (blocks of 32) only as whole runs of 8 blocks, 256 weights
+    nl = kernels.quantize(rng.standard_normal((16, 288)).astype(np.float32), "iq4_nl")
+    with pytest.raises(ValueError, match="not whole iq4_nl super-blocks \\(144 bytes per 256 weights\\)"):
+        kernels.repack_r16([nl], "iq4_nl")
     # not a file format: a GGUF cannot name it
     assert "q4_k_r16" not in kernels.FORMATS
     assert kernels.repack_r16([], "q4_k") == []
