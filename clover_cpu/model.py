@@ -243,7 +243,7 @@ class Model:
             # their own (16 rows per group: the kernels keep a row per vector lane), the file's pages released as
             # each is done. auto: each format where the kernels have a product of their own for its repacked
             # layout (q4_k, iq4_xs, iq3_xxs, iq3_s: AVX2 and the tables built on it, NEON with sdot; q3_k: AVX2
-            # and the tables built on it; q2_k, iq4_nl, mxfp4: AVX-512; q5_k, q6_k: AVX2) and the
+            # and the tables built on it, iq4_nl and mxfp4 too; q2_k: AVX-512; q5_k, q6_k: AVX2) and the
             # file takes at most REPACK_SHARE of the memory available (a larger model pages from its file
             # instead: the copy could not be evicted). The same weights; results differ from the file
             # layout's in float rounding only.

@@ -728,6 +728,87 @@ using TileIQ4XSR16 = TileCodes4R16<CodesIQ4XS>;
 using TileIQ3XXSR16 = TileCodes4R16<CodesIQ3XXS>;
 using TileIQ3SR16 = TileCodes4R16<CodesIQ3S>;
 
+// iq4_nl and mxfp4 (block_iq4_nl_r16, block_mxfp4_r16; kernel_r16.h's Blocks*): TileCodes4R16's words with a
+// float scale per block of 32 and row, the activations as block_q8_a (blocks of 32 with their own scales, as
+// the file layouts' products take them). Per half, block j and word: the values' magnitudes against the
+// token's 4 activations with the values' signs (vpmaddubsw), C::CHAIN words summed in int16, vpmaddwd by ones
+// into the block's int32 sum; per block and token, its sum to float times the rows' scales x d_x.
+template <class C>
+struct TileNL4R16 : R16LowScratch<TileNL4R16<C>, UnpackedCodes4> {
+    using Base = R16LowScratch<TileNL4R16<C>, UnpackedCodes4>;
+    using Block = typename C::Block;
+    static constexpr gemm_fn ref = C::REF;
+    static constexpr bool GROUP_SCRATCH = true;
+    static constexpr bool Q8A = true, BLOCK_SUMS = false;
+
+    __attribute__((always_inline)) static __m256i unpack(const Block& p, int h, int j, int t, bool hi) {
+        const __m256i q = _mm256_loadu_si256((const __m256i*)p.qs[j][t][8 * h]);
+        return lookup16(_mm256_and_si256(hi ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f)), C::VALUES);
+    }
+    // rows 8h .. 8h + 7's scales of block j (fp16 d, or e8m0_to_fp32_half)
+    __attribute__((always_inline)) static __m256 scales(const Block& p, int h, int j) {
+        if constexpr (!C::E8M0) {
+            return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.d[j] + 8 * h)));
+        } else {
+            const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p.e[j] + 8 * h)));
+            const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+            const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+            return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+        }
+    }
+    static void unpack_all(const Block& p) {
+        UnpackedCodes4& un = Base::scratch();
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 8; j++)
+                for (int i = 0; i < 8; i++) un.w[h][j][i] = unpack(p, h, j, i % 4, i >= 4);
+    }
+
+    // Super-block s (blocks 8 s .. 8 s + 7) of the 16 rows at p for G tokens: acc[16 g + r] += its share of row
+    // r's dot with token g (SCRATCH: the values from scratch(), which unpack_all filled from p).
+    template <int G, Prefetch PF, bool SCRATCH = false>
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*,
+                           float* acc) {
+        const UnpackedCodes4& un = Base::scratch();
+        const __m256i ones = _mm256_set1_epi16(1);
+        for (int h = 0; h < 2; h++) {
+            __m256 f[G];
+            for (int g = 0; g < G; g++) f[g] = _mm256_setzero_ps();
+            for (int j = 0; j < 8; j++) {
+                Base::template prefetch_part<PF>(&p, h, j);
+                const block_q8_a* x[G];
+                for (int g = 0; g < G; g++) x[g] = (const block_q8_a*)(const void*)xs[g] + 8 * s + j;
+                __m256i sj[G];
+                for (int g = 0; g < G; g++) sj[g] = _mm256_setzero_si256();
+                // word i: t = i % 4, the high nibbles from 4
+                for (int i0 = 0; i0 < 8; i0 += C::CHAIN) {
+                    __m256i s16[G];
+                    for (int c = 0; c < C::CHAIN; c++) {
+                        const int i = i0 + c;
+                        const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : unpack(p, h, j, i % 4, i >= 4);
+                        const __m256i mag = _mm256_abs_epi8(w);
+                        for (int g = 0; g < G; g++) {
+                            int32_t a;
+                            std::memcpy(&a, x[g]->qs + 16 * (i / 4) + 4 * (i % 4), 4);
+                            const __m256i pr = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(_mm256_set1_epi32(a), w));
+                            s16[g] = c == 0 ? pr : _mm256_add_epi16(s16[g], pr);
+                        }
+                    }
+                    for (int g = 0; g < G; g++) sj[g] = _mm256_add_epi32(sj[g], _mm256_madd_epi16(s16[g], ones));
+                }
+                const __m256 dw = scales(p, h, j);
+                for (int g = 0; g < G; g++)
+                    f[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sj[g]), _mm256_mul_ps(dw, _mm256_set1_ps(x[g]->d)), f[g]);
+            }
+            for (int g = 0; g < G; g++) {
+                float* a = acc + 16 * g + 8 * h;
+                _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), f[g]));
+            }
+        }
+    }
+};
+using TileIQ4NLR16 = TileNL4R16<BlocksIQ4NL>;
+using TileMXFP4R16 = TileNL4R16<BlocksMXFP4>;
+
 // ---- blocks of 32 ----
 
 struct UnpackQ5_0 {

@@ -72,7 +72,8 @@ struct R16Of<T, std::void_t<typename T::Block>> {
 
 // Whether a Tile's activations are block_q8_a rows (blocks of 32 with their own scale: the iq4_nl and mxfp4
 // tiles, as their file layouts' products) rather than block_q8_K ones (Q8A). Its xs[g] then point at block_q8_a
-// rows (super-block s is blocks 8 s .. 8 s + 7), and bsp[g][b] holds 128 x the sum of block b's activations.
+// rows (super-block s is blocks 8 s .. 8 s + 7), and where it asks for them (BLOCK_SUMS: a tile that takes its
+// weights as unsigned bytes, value + 128) bsp[g][b] holds 128 x the sum of block b's activations.
 template <class T, class = void>
 struct Q8AOf : std::false_type {};
 template <class T>
@@ -118,10 +119,14 @@ void gemm_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
     // each token's sub-block sums as int16 pairs (2c, 2c + 1), one dword per chunk c of a super-block (a
     // type of this file's own: a std::vector<int32_t> would be a weak symbol, tests/test_isa_objects.py)
     thread_local std::vector<BsumPair> bs_buf;
-    const size_t per_token = Of::PAIRS ? (size_t)nsb * 4 : Q8A ? (size_t)nsb * 8 : 0;
+    constexpr bool SUMS = [] {
+        if constexpr (Q8A) return Tile::BLOCK_SUMS;
+        return false;
+    }();
+    const size_t per_token = Of::PAIRS ? (size_t)nsb * 4 : SUMS ? (size_t)nsb * 8 : 0;
     bs_buf.resize(std::max<size_t>(1, (size_t)M * per_token));
     int32_t* const bs = &bs_buf[0].v;
-    for (int m = 0; m < (Q8A ? M : 0); m++)  // 128 x each block_q8_a's sum (Q8AOf)
+    for (int m = 0; m < (SUMS ? M : 0); m++)  // 128 x each block_q8_a's sum (Q8AOf)
         for (int64_t b = 0; b < 8 * nsb; b++) {
             const block_q8_a& x = ((const block_q8_a*)(X + m * xrb))[b];
             int32_t sum = 0;
@@ -186,6 +191,24 @@ struct CodesIQ3XXS {
     static constexpr float FACTOR = 0.25f;  // (iq3_xxs: weight = d / 4 * scale * value)
     static constexpr gemm_fn REF = &gemm_iq3_xxs_r16_ref;
     static constexpr int CHAIN = 2;  // 2 x 2 x 62 x 127 < 2^15
+};
+// The formats of block_iq4_nl_r16's and block_mxfp4_r16's layout (the 4-bit code tiles with a float scale per
+// block of 32 and row, activations as block_q8_a): the repacked block, the 16 signed values, whether the
+// scales are E8M0 exponents (else fp16), the reference product, and how many words' vpmaddubsw pairs the AVX2
+// tile may add in int16 (CHAIN).
+struct BlocksIQ4NL {
+    using Block = block_iq4_nl_r16;
+    static constexpr const int8_t* VALUES = kvalues_iq4nl;
+    static constexpr bool E8M0 = false;
+    static constexpr gemm_fn REF = &gemm_iq4_nl_r16_ref;
+    static constexpr int CHAIN = 1;  // (as iq4_xs)
+};
+struct BlocksMXFP4 {
+    using Block = block_mxfp4_r16;
+    static constexpr const int8_t* VALUES = kvalues_mxfp4;
+    static constexpr bool E8M0 = true;
+    static constexpr gemm_fn REF = &gemm_mxfp4_r16_ref;
+    static constexpr int CHAIN = 8;  // a block's 8 words: 8 x 2 x 12 x 127 < 2^15
 };
 struct CodesIQ3S {
     using Block = block_iq3_s_r16;

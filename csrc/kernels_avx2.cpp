@@ -413,6 +413,8 @@ Kernels make_avx2() {
     k.gemm_iq4_xs_r16 = gemm_r16<TileIQ4XSR16>;
     k.gemm_iq3_xxs_r16 = gemm_r16<TileIQ3XXSR16>;
     k.gemm_iq3_s_r16 = gemm_r16<TileIQ3SR16>;
+    k.gemm_iq4_nl_r16 = gemm_r16<TileIQ4NLR16>;
+    k.gemm_mxfp4_r16 = gemm_r16<TileMXFP4R16>;
     k.gemm_iq4_xs = gemm_low256<LowIQ4XS, 1>;
     k.gemm_iq2_xxs = gemm_low256<LowIQ2XXS, 1>;
     k.gemm_iq2_xs = gemm_low256<LowIQ2XS, 1>;

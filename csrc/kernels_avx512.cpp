@@ -1020,29 +1020,24 @@ struct TileCodes4R16 : R16SumsInRegisters<TileCodes4R16<C>, false> {
 // the block's activation sum (from the driver, bsp), to float, times the rows' scales x d_x, added. The int32
 // sums are exact; the float sums run in another order than the reference's (one row at a time, block after
 // block), so the results agree with it to rounding.
-struct ScalesIQ4NL {
-    using Block = block_iq4_nl_r16;
-    static constexpr const int8_t* VALUES = kvalues_iq4nl;
-    static constexpr gemm_fn REF = &gemm_iq4_nl_r16_ref;
-    static __m512 scales(const Block& p, int j) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.d[j])); }
-};
-struct ScalesMXFP4 {
-    using Block = block_mxfp4_r16;
-    static constexpr const int8_t* VALUES = kvalues_mxfp4;
-    static constexpr gemm_fn REF = &gemm_mxfp4_r16_ref;
-    // e8m0_to_fp32_half of 16 rows: (e - 1) << 23, and 0x00200000 << e below e = 2
-    static __m512 scales(const Block& p, int j) {
+// The 16 rows' scales of block j as floats: fp16 d, or e8m0_to_fp32_half ((e - 1) << 23, and 0x00200000 << e
+// below e = 2).
+template <class C>
+inline __m512 nl_scales(const typename C::Block& p, int j) {
+    if constexpr (!C::E8M0) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p.d[j]));
+    } else {
         const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p.e[j]));
         const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
         const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
         return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, sub));
     }
-};
+}
 template <class C>
 struct TileNL4R16 : R16SumsInRegisters<TileNL4R16<C>, false> {
     using Block = typename C::Block;
     static constexpr bool PAIRS = false;
-    static constexpr bool Q8A = true;
+    static constexpr bool Q8A = true, BLOCK_SUMS = true;
     static constexpr gemm_fn ref = C::REF;
     static constexpr int GMAX = 6;
     static constexpr int HEAD_LINES = (int)(offsetof(Block, qs) + 63) / 64;
@@ -1072,7 +1067,7 @@ struct TileNL4R16 : R16SumsInRegisters<TileNL4R16<C>, false> {
                     sj[g] = _mm512_dpbusd_epi32(sj[g], hi, _mm512_set1_epi32(b));
                 }
             }
-            const __m512 dw = C::scales(p, j);
+            const __m512 dw = nl_scales<C>(p, j);
             for (int g = 0; g < G; g++) {
                 const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(sj[g], _mm512_set1_epi32(bsp[g][8 * s + j])));
                 acc[g] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(x[g]->d)), acc[g]);
@@ -1246,8 +1241,8 @@ Kernels make_table() {
     k.gemm_iq4_xs_r16 = gemm_r16<TileCodes4R16<CodesIQ4XS>>;
     k.gemm_iq3_xxs_r16 = gemm_r16<TileCodes4R16<CodesIQ3XXS>>;
     k.gemm_iq3_s_r16 = gemm_r16<TileCodes4R16<CodesIQ3S>>;
-    k.gemm_iq4_nl_r16 = gemm_r16<TileNL4R16<ScalesIQ4NL>>;
-    k.gemm_mxfp4_r16 = gemm_r16<TileNL4R16<ScalesMXFP4>>;
+    k.gemm_iq4_nl_r16 = gemm_r16<TileNL4R16<BlocksIQ4NL>>;
+    k.gemm_mxfp4_r16 = gemm_r16<TileNL4R16<BlocksMXFP4>>;
     // Q4_0 (more unpacking per byte) gains from two rows already at 4 tokens (1.7x the AVX2 tile
     // against 1.3x with one row, same run); Q8_0 at 4 tokens streams 25 GB/s with one row, 15 with two.
     k.gemm_q4_0 = gemm_q8a<UnpackQ4_0, 4>;
