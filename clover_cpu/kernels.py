@@ -62,11 +62,11 @@ def repack_r16(ws, formats, *, release: bool = False) -> list[np.ndarray]:
 
 def has_native_r16(fmt: str, isa: str | None = None) -> bool:
     """Whether the kernels (the active ones, or isa's) multiply fmt (one of R16_FORMATS) repacked by
-    repack_r16 with a product of their own: q4_k, iq4_xs, iq3_xxs and iq3_s on AVX2, AVX-VNNI, AVX-512 (the
-    tables built on AVX2's) and NEON with the dot-product extension; q3_k, iq4_nl and mxfp4 on AVX2, AVX-VNNI
-    and AVX-512; q2_k on AVX-512 alone; q5_k and q6_k on AVX2 alone (the AVX-VNNI and AVX-512 tables have products of their own
-    for them on the file's layout). The others multiply it with the scalar reference loops, so the loader
-    keeps the file's layout there."""
+    repack_r16 with a product of their own: q4_k, iq4_xs, iq4_nl, mxfp4, iq3_xxs and iq3_s on AVX2, AVX-VNNI,
+    AVX-512 (the tables built on AVX2's) and NEON with the dot-product extension; q3_k on AVX2, AVX-VNNI and
+    AVX-512; q2_k on AVX-512 alone; q5_k and q6_k on AVX2 alone (the AVX-VNNI and AVX-512 tables have
+    products of their own for them on the file's layout). The others multiply it with the scalar reference
+    loops, so the loader keeps the file's layout there."""
     return _core.has_native_r16(fmt, isa)
 
 

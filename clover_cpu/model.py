@@ -239,11 +239,11 @@ class Model:
             room = memory_for_files()
             self._auto = prefetch == "auto" and room is not None and self.file.file_size > room
             self._prefetching, self._quiet, self._reads = prefetch == "on" or self._auto, 0, _disk_reads()
-            # q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs, iq3_s, iq4_nl and mxfp4 layer weights repacked into memory of
-            # their own (16 rows per group: the kernels keep a row per vector lane), the file's pages released as
-            # each is done. auto: each format where the kernels have a product of their own for its repacked
-            # layout (q4_k, iq4_xs, iq3_xxs, iq3_s: AVX2 and the tables built on it, NEON with sdot; q3_k: AVX2
-            # and the tables built on it, iq4_nl and mxfp4 too; q2_k: AVX-512; q5_k, q6_k: AVX2) and the
+            # q4_k, q3_k, q2_k, q5_k, q6_k, iq4_xs, iq3_xxs, iq3_s, iq4_nl and mxfp4 layer weights repacked into
+            # memory of their own (16 rows per group: the kernels keep a row per vector lane), the file's pages
+            # released as each is done. auto: each format where the kernels have a product of their own for its repacked
+            # layout (q4_k, iq4_xs, iq4_nl, mxfp4, iq3_xxs, iq3_s: AVX2 and the tables built on it, NEON with
+            # sdot; q3_k: AVX2 and the tables built on it; q2_k: AVX-512; q5_k, q6_k: AVX2) and the
             # file takes at most REPACK_SHARE of the memory available (a larger model pages from its file
             # instead: the copy could not be evicted). The same weights; results differ from the file
             # layout's in float rounding only.

@@ -820,6 +820,63 @@ struct TileCodes4R16 : R16SumsInMemory<TileCodes4R16<C>> {
         }
     }
 };
+
+// iq4_nl and mxfp4 repacked (block_iq4_nl_r16, block_mxfp4_r16; kernel_r16.h's Blocks*): TileCodes4R16's words
+// with a float scale per block of 32 and row, and the activations in blocks of 32 with their own scales
+// (block_q8_a, as the file layouts' products take them): per block j and quad of 4 rows, the low and high
+// nibbles' sdot chains summed, then the reference's float expression per block (d x d_x x sum) added to the
+// row's running sum in block order, so the results equal kernels_ref's bit for bit with -ffp-contract=off.
+template <class C>
+struct TileNL4R16 : R16SumsInMemory<TileNL4R16<C>> {
+    using Block = typename C::Block;
+    static constexpr bool PAIRS = false;
+    static constexpr bool Q8A = true, BLOCK_SUMS = false;
+    static constexpr gemm_fn ref = C::REF;
+    static constexpr int GMAX = 2;
+
+    // the 4 rows of quad q's scales of block j (fp16 d, or e8m0_to_fp32_half)
+    static float32x4_t scales(const Block& p, int j, int q) {
+        if constexpr (!C::E8M0) {
+            return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p.d[j] + 4 * q)));
+        } else {
+            float f[4];
+            for (int r = 0; r < 4; r++) f[r] = e8m0_to_fp32_half(p.e[j][4 * q + r]);
+            return vld1q_f32(f);
+        }
+    }
+
+    template <int G, Prefetch PF>
+    static void superblock(const Block& p, int64_t s, const block_q8_K* const* xs, const int32_t* const*, float* acc) {
+        const int8x16_t values = vld1q_s8(C::VALUES);
+        float32x4_t sum[G][4];
+        for (int g = 0; g < G; g++)
+            for (int q = 0; q < 4; q++) sum[g][q] = vld1q_f32(acc + 16 * g + 4 * q);
+        for (int j = 0; j < 8; j++) {
+            const block_q8_a* x[G];
+            int32x4_t sl[G][4], sh[G][4];
+            int8x16_t xl[G], xh[G];
+            for (int g = 0; g < G; g++) {
+                x[g] = (const block_q8_a*)(const void*)xs[g] + 8 * s + j;
+                for (int q = 0; q < 4; q++) sl[g][q] = sh[g][q] = vdupq_n_s32(0);
+                xl[g] = vld1q_s8(x[g]->qs);
+                xh[g] = vld1q_s8(x[g]->qs + 16);
+            }
+            TileCodes4R16<C>::template word<G, 0, PF>(p, j, values, xl, xh, sl, sh);
+            TileCodes4R16<C>::template word<G, 1, PF>(p, j, values, xl, xh, sl, sh);
+            TileCodes4R16<C>::template word<G, 2, PF>(p, j, values, xl, xh, sl, sh);
+            TileCodes4R16<C>::template word<G, 3, PF>(p, j, values, xl, xh, sl, sh);
+            for (int q = 0; q < 4; q++) {
+                const float32x4_t d = scales(p, j, q);
+                for (int g = 0; g < G; g++) {
+                    const float32x4_t v = vmulq_f32(vmulq_n_f32(d, x[g]->d), vcvtq_f32_s32(vaddq_s32(sl[g][q], sh[g][q])));
+                    sum[g][q] = vaddq_f32(sum[g][q], v);
+                }
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int q = 0; q < 4; q++) vst1q_f32(acc + 16 * g + 4 * q, sum[g][q]);
+    }
+};
 #endif
 
 Kernels make_neon() {
@@ -857,6 +914,8 @@ Kernels make_neon() {
     k.gemm_iq4_xs_r16 = gemm_r16<TileCodes4R16<CodesIQ4XS>>;
     k.gemm_iq3_xxs_r16 = gemm_r16<TileCodes4R16<CodesIQ3XXS>>;
     k.gemm_iq3_s_r16 = gemm_r16<TileCodes4R16<CodesIQ3S>>;
+    k.gemm_iq4_nl_r16 = gemm_r16<TileNL4R16<BlocksIQ4NL>>;
+    k.gemm_mxfp4_r16 = gemm_r16<TileNL4R16<BlocksMXFP4>>;
 #endif
     return k;
 }

@@ -212,19 +212,18 @@ def test_blocks_of_32_raw_scales_and_extreme_activations(fmt, rng):
 
 
 def test_native_kernel_where_it_exists():
-    # the loader repacks only for kernels that have a product of their own (q4_k, iq4_xs, iq3_xxs, iq3_s: AVX2,
-    # AVX-VNNI, AVX-512, and NEON on a CPU with sdot; q3_k, iq4_nl, mxfp4: AVX2 and the tables built on it;
-    # q2_k: AVX-512 alone;
+    # the loader repacks only for kernels that have a product of their own (q4_k, iq4_xs, iq4_nl, mxfp4,
+    # iq3_xxs, iq3_s: AVX2, AVX-VNNI, AVX-512, and NEON on a CPU with sdot; q3_k: AVX2 and the tables built
+    # on it; q2_k: AVX-512 alone;
     # q5_k, q6_k: AVX2 alone,
     # the AVX-VNNI and AVX-512 tables multiply their file layouts with their own); the others carry the loops
     assert not any(kernels.has_native_r16(f, "ref") for f in kernels.R16_FORMATS)
     dotprod = clover_cpu.system_info()["cpu_features"].get("dotprod", False)
     for isa in ISAS:
         assert kernels.has_native_r16("q4_k", isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
-        for fmt in ("iq4_xs", "iq3_xxs", "iq3_s"):
+        for fmt in ("iq4_xs", "iq3_xxs", "iq3_s", "iq4_nl", "mxfp4"):
             assert kernels.has_native_r16(fmt, isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
-        for fmt in ("q3_k", "iq4_nl", "mxfp4"):
-            assert kernels.has_native_r16(fmt, isa) == (isa in ("avx2", "avxvnni", "avx512"))
+        assert kernels.has_native_r16("q3_k", isa) == (isa in ("avx2", "avxvnni", "avx512"))
         assert kernels.has_native_r16("q2_k", isa) == (isa == "avx512")
         for fmt in ("q5_k", "q6_k"):
             assert kernels.has_native_r16(fmt, isa) == (isa == "avx2")

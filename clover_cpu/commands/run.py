@@ -93,8 +93,9 @@ def add_parser(sub) -> None:
                    "(it cannot stay in the page cache), on always, off leaves it to page faults")
     p.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
                    help="copy layer weights at load into a layout of 16 rows per group that this CPU's kernels "
-                   "multiply faster: q4_k, iq4_xs, iq3_xxs and iq3_s on AVX2, AVX-512 and NEON dot-product; q3_k on "
-                   "AVX2 and AVX-512; q2_k on AVX-512; q5_k and q6_k on AVX2 (0-4%% more memory, iq3_xxs 41%% and "
+                   "multiply faster: q4_k, iq4_xs, iq4_nl, mxfp4, iq3_xxs and iq3_s on AVX2, AVX-512 and NEON "
+                   "dot-product; q3_k on AVX2 and AVX-512; q2_k on AVX-512; q5_k and q6_k on AVX2 (0-4%% more "
+                   "memory, iq3_xxs 41%% and "
                    "iq3_s 25%% more, the file's pages released). auto (default): where the CPU has those kernels "
                    "and the model takes at most half the free memory; on: whatever its size (an error without those "
                    "kernels); off: the file's layout")

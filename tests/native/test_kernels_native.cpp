@@ -435,13 +435,13 @@ void test_gemm_lowbit(const Table& tb, std::mt19937& rng) {
     }
 }
 
-// iq4_xs repacked, iq3_xxs and iq3_s transcoded (block_iq4_xs_r16's layout) against the reference's product of
-// the file's blocks: raw blocks (every code, scale and sign), whole groups and rows that start or end inside
-// one, 1-33 tokens.
+// iq4_xs, iq4_nl and mxfp4 repacked, iq3_xxs and iq3_s transcoded (block_iq4_xs_r16's layout) against the
+// reference's product of the file's blocks: raw blocks (every code, scale and sign), whole groups and rows
+// that start or end inside one, 1-33 tokens.
 void test_gemm_codes_r16(const Table& tb, std::mt19937& rng) {
     const double tol = tb.name.rfind("neon", 0) == 0 ? 0.0 : TOL_VS_REF;
     const int64_t N = 48, ranges[][2] = {{0, 48}, {16, 32}, {3, 43}, {5, 11}};
-    for (Type packed : {Type::IQ4_XS_R16, Type::IQ3_XXS_R16, Type::IQ3_S_R16}) {
+    for (Type packed : {Type::IQ4_XS_R16, Type::IQ3_XXS_R16, Type::IQ3_S_R16, Type::IQ4_NL_R16, Type::MXFP4_R16}) {
         const R16Format& c = *r16_format_of(packed);
         const Format& f = format(c.from);
         const TypeInfo &fi = *type_info((int32_t)c.from), &pi = *type_info((int32_t)c.to);
@@ -694,7 +694,7 @@ int main(int argc, char** argv) {
     // q4_k_r16 has a kernel of its own in the dot-product build only (the plain one carries the reference)
     expect(!has_native_q4_K_r16(*kernels_neon_plain()) && has_native_q4_K_r16(*kernels_neon_dotprod()),
            "the dot-product build alone multiplies q4_k_r16 natively");
-    for (Type t : {Type::IQ4_XS_R16, Type::IQ3_XXS_R16, Type::IQ3_S_R16})
+    for (Type t : {Type::IQ4_XS_R16, Type::IQ3_XXS_R16, Type::IQ3_S_R16, Type::IQ4_NL_R16, Type::MXFP4_R16})
         expect(!has_native_r16(*kernels_neon_plain(), t) && has_native_r16(*kernels_neon_dotprod(), t),
                "the dot-product build alone multiplies iq4_xs / iq3_xxs / iq3_s repacked natively");
     tables.push_back({"neon", kernels_neon_plain()});
