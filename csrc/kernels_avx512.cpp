@@ -663,9 +663,9 @@ struct Blocks32 {
     static __m256 scales8(const uint8_t* w) { return fp16_fields8<B>(w, &B::d); }
 };
 // Q8_0 and Q4_0 unpack fast enough that one thread's stream waits for the memory: their one-token product
-// also prefetches to L2 16 KB ahead (kbench, one thread, 4096 x 2048 from memory: Q8_0 16.3-16.6 -> 25-29
-// GB/s, Q4_0 14.6 -> 17.4; Q5_0, Q4_1 and Q5_1 unchanged or 1-3% slower, so not there; in cache Q8_0 35.5 ->
-// 33.0).
+// also prefetches to L2 16 KB ahead (kbench, one thread, 4096 x 2048 from memory, runs alternated: Q8_0
+// 15.3-19.2 -> 22.2-29.0 GB/s, Q4_0 14.3-15.2 -> 14.1-17.5; Q5_0, Q4_1 and Q5_1 unchanged or 1-3% slower, so
+// not there; in cache Q8_0 35.5 -> 33.0).
 struct UnpackQ4_0 : Blocks32<block_q4_0, 8, 16384> {
     static __m512i pair(const uint8_t* row, int64_t b, bool one) {
         return nibbles_pair(at(row, b)->qs, next(row, b, one)->qs);
@@ -1021,13 +1021,8 @@ struct TileCodes4R16 : R16SumsInRegisters<TileCodes4R16<C>, false> {
     }
 };
 
-// ---- iq4_nl and mxfp4 repacked (block_iq4_nl_r16, block_mxfp4_r16) ----
-// The 4-bit code tile above with a float scale per block of 32 weights and row (fp16 d, or E8M0 2^(e - 128)
-// with mxfp4's values doubled) and activations in blocks of 32 with their own scales (block_q8_a, as the file
-// layouts' products and llama.cpp's take them, Q8AOf): per block j and token, the 8 vpdpbusd sums less 128 x
-// the block's activation sum (from the driver, bsp), to float, times the rows' scales x d_x, added. The int32
-// sums are exact; the float sums run in another order than the reference's (one row at a time, block after
-// block), so the results agree with it to rounding.
+// ---- iq4_nl and mxfp4 repacked (block_iq4_nl_r16, block_mxfp4_r16; kernel_r16.h's Blocks*) ----
+
 // The 16 rows' scales of block j as floats: fp16 d, or e8m0_to_fp32_half ((e - 1) << 23, and 0x00200000 << e
 // below e = 2).
 template <class C>
@@ -1041,6 +1036,12 @@ inline __m512 nl_scales(const typename C::Block& p, int j) {
         return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, sub));
     }
 }
+// The 4-bit code tile above with a float scale per block of 32 weights and row (fp16 d, or E8M0 2^(e - 128)
+// with mxfp4's values doubled) and activations in blocks of 32 with their own scales (block_q8_a, as the file
+// layouts' products and llama.cpp's take them, Q8AOf): per block j and token, the 8 vpdpbusd sums less 128 x
+// the block's activation sum (from the driver, bsp), to float, times the rows' scales x d_x, added. The int32
+// sums are exact; the float sums run in another order than the reference's (one row at a time, block after
+// block), so the results agree with it to rounding.
 template <class C>
 struct TileNL4R16 : R16SumsInRegisters<TileNL4R16<C>, false> {
     using Block = typename C::Block;
