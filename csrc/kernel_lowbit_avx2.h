@@ -652,6 +652,21 @@ struct alignas(32) UnpackedCodes4 {
     __m256i w[2][8][8];  // [half][group j][word t, then t + 4 for the high nibbles]: the values
 };
 
+// The values of word t of group j and half h (hi: the high nibbles) of a block in block_iq4_xs_r16's layout
+// (C::Block: iq4_xs, iq3_xxs, iq3_s, iq4_nl, mxfp4), and all of them into un.
+template <class C>
+__attribute__((always_inline)) inline __m256i codes4_word(const typename C::Block& p, int h, int j, int t, bool hi) {
+    const __m256i q = _mm256_loadu_si256((const __m256i*)p.qs[j][t][8 * h]);
+    const __m256i nib = _mm256_and_si256(hi ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f));
+    return lookup16(nib, C::VALUES);
+}
+template <class C>
+inline void codes4_unpack_all(const typename C::Block& p, UnpackedCodes4& un) {
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 8; i++) un.w[h][j][i] = codes4_word<C>(p, h, j, i % 4, i >= 4);
+}
+
 template <class C>
 struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
     using Base = R16LowScratch<TileCodes4R16<C>, UnpackedCodes4>;
@@ -659,12 +674,6 @@ struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
     static constexpr gemm_fn ref = C::REF;
     static constexpr bool GROUP_SCRATCH = true;
 
-    // the values of group j's word t of half h (hi: the high nibbles)
-    __attribute__((always_inline)) static __m256i unpack(const Block& p, int h, int j, int t, bool hi) {
-        const __m256i q = _mm256_loadu_si256((const __m256i*)p.qs[j][t][8 * h]);
-        const __m256i nib = _mm256_and_si256(hi ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f));
-        return lookup16(nib, C::VALUES);
-    }
 
     template <int G, Prefetch PF, bool SCRATCH>
     __attribute__((always_inline)) static void group(const Block& p, int h, int j, const block_q8_K* const* xs,
@@ -680,7 +689,7 @@ struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
             __m256i s16[G];
             for (int c = 0; c < C::CHAIN; c++) {
                 const int i = i0 + c;
-                const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : unpack(p, h, j, i % 4, i >= 4);
+                const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : codes4_word<C>(p, h, j, i % 4, i >= 4);
                 const __m256i mag = _mm256_abs_epi8(w);
                 for (int g = 0; g < G; g++) {
                     int32_t a;
@@ -698,12 +707,7 @@ struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
             for (int i0 = 0; i0 < 8; i0 += C::CHAIN) words(i0);
         }
     }
-    static void unpack_all(const Block& p) {
-        UnpackedCodes4& un = Base::scratch();
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < 8; j++)
-                for (int i = 0; i < 8; i++) un.w[h][j][i] = unpack(p, h, j, i % 4, i >= 4);
-    }
+    static void unpack_all(const Block& p) { codes4_unpack_all<C>(p, Base::scratch()); }
 
     // Super-block s of the 16 rows at p for G tokens: acc[16 g + r] += its share of row r's dot with token g
     // (SCRATCH: the values from scratch(), which unpack_all filled from p).
@@ -741,10 +745,6 @@ struct TileNL4R16 : R16LowScratch<TileNL4R16<C>, UnpackedCodes4> {
     static constexpr bool GROUP_SCRATCH = true;
     static constexpr bool Q8A = true, BLOCK_SUMS = false;
 
-    __attribute__((always_inline)) static __m256i unpack(const Block& p, int h, int j, int t, bool hi) {
-        const __m256i q = _mm256_loadu_si256((const __m256i*)p.qs[j][t][8 * h]);
-        return lookup16(_mm256_and_si256(hi ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f)), C::VALUES);
-    }
     // rows 8h .. 8h + 7's scales of block j (fp16 d, or e8m0_to_fp32_half)
     __attribute__((always_inline)) static __m256 scales(const Block& p, int h, int j) {
         if constexpr (!C::E8M0) {
@@ -756,12 +756,7 @@ struct TileNL4R16 : R16LowScratch<TileNL4R16<C>, UnpackedCodes4> {
             return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
         }
     }
-    static void unpack_all(const Block& p) {
-        UnpackedCodes4& un = Base::scratch();
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < 8; j++)
-                for (int i = 0; i < 8; i++) un.w[h][j][i] = unpack(p, h, j, i % 4, i >= 4);
-    }
+    static void unpack_all(const Block& p) { codes4_unpack_all<C>(p, Base::scratch()); }
 
     // Super-block s (blocks 8 s .. 8 s + 7) of the 16 rows at p for G tokens: acc[16 g + r] += its share of row
     // r's dot with token g (SCRATCH: the values from scratch(), which unpack_all filled from p).
@@ -784,7 +779,7 @@ struct TileNL4R16 : R16LowScratch<TileNL4R16<C>, UnpackedCodes4> {
                     __m256i s16[G];
                     for (int c = 0; c < C::CHAIN; c++) {
                         const int i = i0 + c;
-                        const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : unpack(p, h, j, i % 4, i >= 4);
+                        const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : codes4_word<C>(p, h, j, i % 4, i >= 4);
                         const __m256i mag = _mm256_abs_epi8(w);
                         for (int g = 0; g < G; g++) {
                             int32_t a;

@@ -968,6 +968,29 @@ struct TileR16 : R16SumsInRegisters<TileR16, false> {
 // scale (vpmulld) into int32; one float multiply-add per token and super-block (d x factor x d_x). The
 // integer sums are exact, so the results equal the AVX2 tile's bit for bit. 64 vpdpbusd per super-block,
 // 16 rows and token, as q4_K's tile; up to 6 tokens share each weight load.
+// The sums of one group of 32 weights of 16 rows in this layout for G tokens: qs its 4 words of 64 bytes
+// (block_iq4_xs_r16's qs[j]), tab the values + 128, x[g] token g's 32 activations of the group; sj[g] lane r
+// = row r's sum of (value + 128) x activation.
+template <int G, Prefetch PF, int FAR>
+__attribute__((always_inline)) inline void codes4_sums(const uint8_t (*qs)[16][4], __m512i tab, const int8_t* const* x,
+                                                       __m512i* sj) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    for (int g = 0; g < G; g++) sj[g] = _mm512_setzero_si512();
+    for (int t = 0; t < 4; t++) {
+        const __m512i q = _mm512_loadu_si512(qs[t]);
+        prefetch_r16<PF, PREFETCH_BYTES, FAR>(qs[t]);
+        const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(q, lo4));
+        const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(q, 4), lo4));
+        for (int g = 0; g < G; g++) {
+            int32_t a, b;
+            std::memcpy(&a, x[g] + 4 * t, 4);
+            std::memcpy(&b, x[g] + 16 + 4 * t, 4);
+            sj[g] = _mm512_dpbusd_epi32(sj[g], lo, _mm512_set1_epi32(a));
+            sj[g] = _mm512_dpbusd_epi32(sj[g], hi, _mm512_set1_epi32(b));
+        }
+    }
+}
+
 template <class C>
 struct TileCodes4R16 : R16SumsInRegisters<TileCodes4R16<C>, false> {
     using Block = typename C::Block;
@@ -980,26 +1003,12 @@ struct TileCodes4R16 : R16SumsInRegisters<TileCodes4R16<C>, false> {
     static void group_sums(const Block& p, int64_t s, const block_q8_K* const* xs, __m512i* isum) {
         constexpr int FAR = G >= 2 ? 12288 : 0;  // (as TileR16)
         for (int k = 0; k < HEAD_LINES; k++) prefetch_r16<PF, PREFETCH_BYTES, FAR>((const char*)&p + 64 * k);
-        const __m512i lo4 = _mm512_set1_epi8(0x0f);
-        const __m512i tab = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)C::VALUES)),
-                                             _mm512_set1_epi8((char)0x80));
+        const __m512i tab = table_plus_128(C::VALUES);
         for (int j = 0; j < 8; j++) {
             __m512i sj[G];
-            for (int g = 0; g < G; g++) sj[g] = _mm512_setzero_si512();
-            for (int t = 0; t < 4; t++) {
-                const __m512i q = _mm512_loadu_si512(p.qs[j][t]);
-                prefetch_r16<PF, PREFETCH_BYTES, FAR>(p.qs[j][t]);
-                const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(q, lo4));
-                const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(q, 4), lo4));
-                for (int g = 0; g < G; g++) {
-                    const int8_t* x = xs[g][s].qs + 32 * j + 4 * t;
-                    int32_t a, b;
-                    std::memcpy(&a, x, 4);
-                    std::memcpy(&b, x + 16, 4);
-                    sj[g] = _mm512_dpbusd_epi32(sj[g], lo, _mm512_set1_epi32(a));
-                    sj[g] = _mm512_dpbusd_epi32(sj[g], hi, _mm512_set1_epi32(b));
-                }
-            }
+            const int8_t* x[G];
+            for (int g = 0; g < G; g++) x[g] = xs[g][s].qs + 32 * j;
+            codes4_sums<G, PF, FAR>(p.qs[j], tab, x, sj);
             const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p.sc[j]));
             for (int g = 0; g < G; g++) {
                 const int32_t off = 128 * ((int32_t)xs[g][s].bsums[2 * j] + xs[g][s].bsums[2 * j + 1]);
@@ -1056,26 +1065,16 @@ struct TileNL4R16 : R16SumsInRegisters<TileNL4R16<C>, false> {
                            __m512* acc) {
         constexpr int FAR = G >= 2 ? 12288 : 0;  // (as TileR16)
         for (int k = 0; k < HEAD_LINES; k++) prefetch_r16<PF, PREFETCH_BYTES, FAR>((const char*)&p + 64 * k);
-        const __m512i lo4 = _mm512_set1_epi8(0x0f);
         const __m512i tab = table_plus_128(C::VALUES);
         for (int j = 0; j < 8; j++) {
             __m512i sj[G];
-            for (int g = 0; g < G; g++) sj[g] = _mm512_setzero_si512();
             const block_q8_a* x[G];  // the tokens' block 8 s + j
-            for (int g = 0; g < G; g++) x[g] = (const block_q8_a*)(const void*)xs[g] + 8 * s + j;
-            for (int t = 0; t < 4; t++) {
-                const __m512i q = _mm512_loadu_si512(p.qs[j][t]);
-                prefetch_r16<PF, PREFETCH_BYTES, FAR>(p.qs[j][t]);
-                const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(q, lo4));
-                const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(q, 4), lo4));
-                for (int g = 0; g < G; g++) {
-                    int32_t a, b;
-                    std::memcpy(&a, x[g]->qs + 4 * t, 4);
-                    std::memcpy(&b, x[g]->qs + 16 + 4 * t, 4);
-                    sj[g] = _mm512_dpbusd_epi32(sj[g], lo, _mm512_set1_epi32(a));
-                    sj[g] = _mm512_dpbusd_epi32(sj[g], hi, _mm512_set1_epi32(b));
-                }
+            const int8_t* xq[G];
+            for (int g = 0; g < G; g++) {
+                x[g] = (const block_q8_a*)(const void*)xs[g] + 8 * s + j;
+                xq[g] = x[g]->qs;
             }
+            codes4_sums<G, PF, FAR>(p.qs[j], tab, xq, sj);
             const __m512 dw = nl_scales<C>(p, j);
             for (int g = 0; g < G; g++) {
                 const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(sj[g], _mm512_set1_epi32(bsp[g][8 * s + j])));

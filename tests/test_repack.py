@@ -153,37 +153,41 @@ RAW = {"q3_k": (110, slice(108, 110), slice(0, 96), (0xFF, 0x00)),
        "iq3_s": (110, slice(0, 2), slice(2, 110), (0xFF, 0x00))}
 
 
+def check_raw_repacked(rng, q, fmt, k):
+    """Raw rows q of fmt, repacked, hold the file's weights, and every ISA's product equals the reference's on
+    the file's blocks: against activations at +-1 throughout, all 1, all -1, all 0, spikes, and one block of 32
+    far smaller than the rest of its row, 1, 4 and 9 tokens."""
+    (r,) = kernels.repack_r16([q], fmt)
+    assert np.array_equal(kernels.dequantize(r, fmt + "_r16"), kernels.dequantize(q, fmt))
+    x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
+    x[0], x[1], x[2] = 1.0, -1.0, 0.0
+    x[3, ::97] = 1e4
+    x[4, :32] = 1e-3
+    for m in (1, 4, 9):
+        ref = kernels.matmul(x[:m], q, fmt, isa="ref")
+        assert np.array_equal(kernels.matmul(x[:m], r, fmt + "_r16", isa="ref"), ref)
+        for isa in ISAS:
+            check_close(kernels.matmul(x[:m], r, fmt + "_r16", isa=isa), ref, TOL_VS_REF, f"raw {fmt} {isa} M={m}")
+
+
 @pytest.mark.parametrize("fmt", list(RAW))
 def test_raw_low_bit_blocks_and_extreme_activations(fmt, rng):
     # every scale and every code (raw bytes with a finite fp16 d), rows whose codes all sit at an extreme,
-    # against activations at +-127 throughout and spikes
+    # against check_raw_repacked's activations
     bb, d, codes, (most, least) = RAW[fmt]
     rows, k = 64, 1024
     raw = rng.integers(0, 256, (rows, k // 256, bb), dtype=np.uint8)
     raw[:, :, d] = (rng.standard_normal((rows, k // 256, (d.stop - d.start) // 2)) * 0.01).astype(np.float16).view(np.uint8)
     raw[[0, 9, 30], :, codes] = most
     raw[[5, 17], :, codes] = least
-    q = np.ascontiguousarray(raw.reshape(rows, -1))
-    (r,) = kernels.repack_r16([q], fmt)
-    assert np.array_equal(kernels.dequantize(r, fmt + "_r16"), kernels.dequantize(q, fmt))
-    x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
-    x[0] = 1.0
-    x[1] = -1.0
-    x[2] = 0.0
-    x[3, ::97] = 1e4
-    for m in (1, 4, 9):
-        ref = kernels.matmul(x[:m], q, fmt, isa="ref")
-        assert np.array_equal(kernels.matmul(x[:m], r, fmt + "_r16", isa="ref"), ref)
-        for isa in ISAS:
-            got = kernels.matmul(x[:m], r, fmt + "_r16", isa=isa)
-            check_close(got, ref, TOL_VS_REF, f"raw {fmt} {isa} M={m}")
+    check_raw_repacked(rng, np.ascontiguousarray(raw.reshape(rows, -1)), fmt, k)
 
 
 @pytest.mark.parametrize("fmt", ["iq4_nl", "mxfp4"])
 def test_blocks_of_32_raw_scales_and_extreme_activations(fmt, rng):
     # every code; each block's own scale (iq4_nl: fp16 d of either sign, 0 and subnormal; mxfp4: E8M0
     # exponents 0 and 1, whose halves are subnormal floats, and large ones); rows at the extreme codes; against
-    # activations at +-1 throughout, 0, and spikes (blocks of 32 quantized each with their own scale)
+    # the activations of check_raw_repacked (blocks of 32 quantized each with their own scale)
     rows, k = 48, 1024
     if fmt == "mxfp4":
         q = mxfp4_blocks(rng, rows, k, (0, 160)).reshape(rows, k // 32, 17)
@@ -197,18 +201,7 @@ def test_blocks_of_32_raw_scales_and_extreme_activations(fmt, rng):
         codes, most, least = slice(2, 18), 0xFF, 0x00  # 113 and -127
     q[[0, 9, 30], :, codes] = most
     q[[5, 17], :, codes] = least
-    q = np.ascontiguousarray(q.reshape(rows, -1))
-    (r,) = kernels.repack_r16([q], fmt)
-    assert np.array_equal(kernels.dequantize(r, fmt + "_r16"), kernels.dequantize(q, fmt))
-    x = np.where(rng.random((9, k)) < 0.5, 1.0, -1.0).astype(np.float32)
-    x[0], x[1], x[2] = 1.0, -1.0, 0.0
-    x[3, ::97] = 1e4
-    x[4, :32] = 1e-3  # one block far smaller than the rest of its row
-    for m in (1, 4, 9):
-        ref = kernels.matmul(x[:m], q, fmt, isa="ref")
-        assert np.array_equal(kernels.matmul(x[:m], r, fmt + "_r16", isa="ref"), ref)
-        for isa in ISAS:
-            check_close(kernels.matmul(x[:m], r, fmt + "_r16", isa=isa), ref, TOL_VS_REF, f"raw {fmt} {isa} M={m}")
+    check_raw_repacked(rng, np.ascontiguousarray(q.reshape(rows, -1)), fmt, k)
 
 
 def test_native_kernel_where_it_exists():
