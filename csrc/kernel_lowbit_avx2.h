@@ -667,6 +667,25 @@ inline void codes4_unpack_all(const typename C::Block& p, UnpackedCodes4& un) {
             for (int i = 0; i < 8; i++) un.w[h][j][i] = codes4_word<C>(p, h, j, i % 4, i >= 4);
 }
 
+// Words i0 .. i0 + C::CHAIN - 1 of group j and half h (word i: t = i % 4, the high nibbles from 4; SCRATCH:
+// from un) against G tokens, x[g] token g's 32 activations of the group: the values' magnitudes against the
+// activations with the values' signs (vpmaddubsw), the words' int16 pairs summed into s16[g].
+template <class C, int G, bool SCRATCH>
+__attribute__((always_inline)) inline void codes4_chain(const typename C::Block& p, const UnpackedCodes4& un, int h,
+                                                        int j, int i0, const int8_t* const* x, __m256i* s16) {
+    for (int c = 0; c < C::CHAIN; c++) {
+        const int i = i0 + c;
+        const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : codes4_word<C>(p, h, j, i % 4, i >= 4);
+        const __m256i mag = _mm256_abs_epi8(w);
+        for (int g = 0; g < G; g++) {
+            int32_t a;
+            std::memcpy(&a, x[g] + 16 * (i / 4) + 4 * (i % 4), 4);
+            const __m256i pr = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(_mm256_set1_epi32(a), w));
+            s16[g] = c == 0 ? pr : _mm256_add_epi16(s16[g], pr);
+        }
+    }
+}
+
 template <class C>
 struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
     using Base = R16LowScratch<TileCodes4R16<C>, UnpackedCodes4>;
@@ -685,19 +704,11 @@ struct TileCodes4R16 : R16LowScratch<TileCodes4R16<C>, UnpackedCodes4> {
         const UnpackedCodes4& un = Base::scratch();
         // words i0 .. i0 + CHAIN - 1 (i: word t = i % 4, high nibbles from 4): their vpmaddubsw pairs summed in
         // int16, then one vpmaddwd by the group's scale
+        const int8_t* x[G];
+        for (int g = 0; g < G; g++) x[g] = xs[g][s].qs + 32 * j;
         const auto words = [&](int i0) __attribute__((always_inline)) {
             __m256i s16[G];
-            for (int c = 0; c < C::CHAIN; c++) {
-                const int i = i0 + c;
-                const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : codes4_word<C>(p, h, j, i % 4, i >= 4);
-                const __m256i mag = _mm256_abs_epi8(w);
-                for (int g = 0; g < G; g++) {
-                    int32_t a;
-                    std::memcpy(&a, xs[g][s].qs + 32 * j + 16 * (i / 4) + 4 * (i % 4), 4);
-                    const __m256i pr = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(_mm256_set1_epi32(a), w));
-                    s16[g] = c == 0 ? pr : _mm256_add_epi16(s16[g], pr);
-                }
-            }
+            codes4_chain<C, G, SCRATCH>(p, un, h, j, i0, x, s16);
             for (int g = 0; g < G; g++) isum[g] = _mm256_add_epi32(isum[g], _mm256_madd_epi16(s16[g], sc));
         };
         if constexpr (!SCRATCH) {
@@ -771,23 +782,16 @@ struct TileNL4R16 : R16LowScratch<TileNL4R16<C>, UnpackedCodes4> {
             for (int j = 0; j < 8; j++) {
                 Base::template prefetch_part<PF>(&p, h, j);
                 const block_q8_a* x[G];
-                for (int g = 0; g < G; g++) x[g] = (const block_q8_a*)(const void*)xs[g] + 8 * s + j;
+                const int8_t* xq[G];
+                for (int g = 0; g < G; g++) {
+                    x[g] = (const block_q8_a*)(const void*)xs[g] + 8 * s + j;
+                    xq[g] = x[g]->qs;
+                }
                 __m256i sj[G];
                 for (int g = 0; g < G; g++) sj[g] = _mm256_setzero_si256();
-                // word i: t = i % 4, the high nibbles from 4
                 for (int i0 = 0; i0 < 8; i0 += C::CHAIN) {
                     __m256i s16[G];
-                    for (int c = 0; c < C::CHAIN; c++) {
-                        const int i = i0 + c;
-                        const __m256i w = SCRATCH ? _mm256_load_si256(&un.w[h][j][i]) : codes4_word<C>(p, h, j, i % 4, i >= 4);
-                        const __m256i mag = _mm256_abs_epi8(w);
-                        for (int g = 0; g < G; g++) {
-                            int32_t a;
-                            std::memcpy(&a, x[g]->qs + 16 * (i / 4) + 4 * (i % 4), 4);
-                            const __m256i pr = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(_mm256_set1_epi32(a), w));
-                            s16[g] = c == 0 ? pr : _mm256_add_epi16(s16[g], pr);
-                        }
-                    }
+                    codes4_chain<C, G, SCRATCH>(p, un, h, j, i0, xq, s16);
                     for (int g = 0; g < G; g++) sj[g] = _mm256_add_epi32(sj[g], _mm256_madd_epi16(s16[g], ones));
                 }
                 const __m256 dw = scales(p, h, j);
