@@ -38,9 +38,9 @@ def dequantize(data: np.ndarray, fmt: str) -> np.ndarray:
 R16_FORMATS = ("q4_k", "q3_k", "q2_k", "q5_k", "q6_k", "iq4_xs", "iq3_xxs", "iq3_s", "iq4_nl", "mxfp4")
 """The formats repack_r16 takes (each becomes NAME_r16)."""
 
-R16_RUN_BYTES = {"iq4_nl": 144, "mxfp4": 136}
-"""Bytes of 256 weights of the R16_FORMATS whose blocks hold 32: repack_r16 takes their rows only as whole runs
-of 8 blocks (the others' blocks are 256 weights already)."""
+R16_RUN_BYTES = {f: FORMATS[f]["block_bytes"] * 256 // FORMATS[f]["block_size"] for f in R16_FORMATS}
+"""Bytes of 256 weights of each of R16_FORMATS: repack_r16 takes rows only as whole runs of them (iq4_nl's and
+mxfp4's blocks hold 32 weights, 8 to a run; the others' blocks are 256 weights already)."""
 
 
 def repack_r16(ws, formats, *, release: bool = False) -> list[np.ndarray]:

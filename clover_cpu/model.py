@@ -312,7 +312,7 @@ class Model:
         layers = [w for L in self.layers for w in L.values()]
         ws = [w for w in layers + head
               if isinstance(w, (Matrix, Experts)) and w.fmt in formats and w.data.shape[-2] % 16 == 0
-              and w.data.shape[-1] % kernels.R16_RUN_BYTES.get(w.fmt, 1) == 0]
+              and w.data.shape[-1] % kernels.R16_RUN_BYTES[w.fmt] == 0]
         for w, packed in zip(ws, kernels.repack_r16([w.data for w in ws], [w.fmt for w in ws], release=True)):
             w.data, w.fmt = packed, w.fmt + "_r16"
         self.repacked = bool(ws)

@@ -595,30 +595,34 @@ inline void r16_put(const block_iq4_xs& b, int r, block_iq4_xs_r16& p) {
     }
 }
 
-// Row r's 8 iq4_nl / mxfp4 blocks into / out of their repacked group (byte for byte both ways).
-inline void r16_put(const block_iq4_nl_x8& b, int r, block_iq4_nl_r16& p) {
+// Row r's 8 iq4_nl / mxfp4 blocks into / out of their repacked group (byte for byte both ways): each block's
+// scale field (Block::*scale: d or e) to and from the group's scales of block j (Packed::*scales), its 16 bytes of
+// nibbles to and from qs[j][t][r] (4 per word t).
+template <class X8, class Packed, class S, class Block>
+inline void r16_put_blocks32(const X8& b, int r, Packed& p, S (Packed::*scales)[8][16], S Block::*scale) {
     for (int j = 0; j < 8; j++) {
-        p.d[j][r] = b.b[j].d;
+        (p.*scales)[j][r] = b.b[j].*scale;
         for (int t = 0; t < 4; t++) std::memcpy(p.qs[j][t][r], b.b[j].qs + 4 * t, 4);
     }
+}
+template <class X8, class Packed, class S, class Block>
+inline void r16_row_blocks32(const Packed& p, int r, X8& b, S (Packed::*scales)[8][16], S Block::*scale) {
+    for (int j = 0; j < 8; j++) {
+        b.b[j].*scale = (p.*scales)[j][r];
+        for (int t = 0; t < 4; t++) std::memcpy(b.b[j].qs + 4 * t, p.qs[j][t][r], 4);
+    }
+}
+inline void r16_put(const block_iq4_nl_x8& b, int r, block_iq4_nl_r16& p) {
+    r16_put_blocks32(b, r, p, &block_iq4_nl_r16::d, &block_iq4_nl::d);
 }
 inline void r16_row(const block_iq4_nl_r16& p, int r, block_iq4_nl_x8& b) {
-    for (int j = 0; j < 8; j++) {
-        b.b[j].d = p.d[j][r];
-        for (int t = 0; t < 4; t++) std::memcpy(b.b[j].qs + 4 * t, p.qs[j][t][r], 4);
-    }
+    r16_row_blocks32(p, r, b, &block_iq4_nl_r16::d, &block_iq4_nl::d);
 }
 inline void r16_put(const block_mxfp4_x8& b, int r, block_mxfp4_r16& p) {
-    for (int j = 0; j < 8; j++) {
-        p.e[j][r] = b.b[j].e;
-        for (int t = 0; t < 4; t++) std::memcpy(p.qs[j][t][r], b.b[j].qs + 4 * t, 4);
-    }
+    r16_put_blocks32(b, r, p, &block_mxfp4_r16::e, &block_mxfp4::e);
 }
 inline void r16_row(const block_mxfp4_r16& p, int r, block_mxfp4_x8& b) {
-    for (int j = 0; j < 8; j++) {
-        b.b[j].e = p.e[j][r];
-        for (int t = 0; t < 4; t++) std::memcpy(b.b[j].qs + 4 * t, p.qs[j][t][r], 4);
-    }
+    r16_row_blocks32(p, r, b, &block_mxfp4_r16::e, &block_mxfp4::e);
 }
 
 // The signed value of each 4-bit code of block_iq3_xxs_r16.

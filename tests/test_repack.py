@@ -288,6 +288,13 @@ def test_bad_input_is_refused(rng):
     nl = kernels.quantize(rng.standard_normal((16, 288)).astype(np.float32), "iq4_nl")
     with pytest.raises(ValueError, match="not whole iq4_nl super-blocks \\(144 bytes per 256 weights\\)"):
         kernels.repack_r16([nl], "iq4_nl")
+    # the loader's test for whole runs (kernels.R16_RUN_BYTES) is the one repack_r16 applies
+    for f in kernels.R16_FORMATS:
+        run, blk = kernels.R16_RUN_BYTES[f], kernels.FORMATS[f]["block_bytes"]
+        assert kernels.repack_r16([np.zeros((16, 2 * run), np.uint8)], f)[0].shape[0] == 16
+        if blk < run:
+            with pytest.raises(ValueError, match="not whole"):
+                kernels.repack_r16([np.zeros((16, 2 * run + blk), np.uint8)], f)
     # not a file format: a GGUF cannot name it
     assert "q4_k_r16" not in kernels.FORMATS
     assert kernels.repack_r16([], "q4_k") == []
