@@ -3,7 +3,8 @@
 The shipped Clover's trained weights, as an F32 qwen35moe file (or, with --model random, a random
 transformers Qwen3.5-MoE through llama.cpp b11434's converter), get an importance matrix from
 `llama-imatrix` on real text, and `llama-quantize` writes each type people download (Q2_K, Q3_K_M, IQ4_XS,
-IQ4_NL, IQ3_S, IQ3_XXS, IQ2_M, IQ2_S, IQ2_XS, IQ2_XXS, MXFP4_MOE, Q4_1, Q5_0, Q5_1; Q4_K_M for reference). On each
+IQ4_NL, IQ3_S, IQ3_XXS, IQ2_M, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_M, IQ1_S, MXFP4_MOE, Q4_1, Q5_0, Q5_1; Q4_K_M for
+reference). On each
 file, the logits of a 96-token sequence from clover-cpu and from llama.cpp (bench/native/llama_logits.cpp
 on libllama) are compared with the unquantized network's (the F32 file; transformers for the random
 model): relative RMS and max error, argmax agreement. PASS for a type: clover-cpu's RMS error at most 1.1x
@@ -34,7 +35,7 @@ import realfiles  # noqa: E402
 # llama-quantize's file types; its IQ2_S writes IQ2_XS for the bulk of the weights, and IQ2_M is the one whose
 # bulk is IQ2_S (the table's "file types" column says which ggml types each file holds)
 TYPES = ["Q4_K_M", "Q2_K", "Q3_K_M", "IQ4_XS", "IQ4_NL", "IQ3_S", "IQ3_XXS", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS",
-         "MXFP4_MOE", "Q4_1", "Q5_0", "Q5_1"]
+         "IQ1_M", "IQ1_S", "MXFP4_MOE", "Q4_1", "Q5_0", "Q5_1"]
 
 
 def build_checkpoint(dst: Path, seed: int = 0):

@@ -868,7 +868,7 @@ PYBIND11_MODULE(_core, m) {
         py::list out;
         for (const char* n : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_1", "q5_0", "q5_1",
                               "iq4_nl", "mxfp4", "q2_k", "q3_k", "iq4_xs", "iq3_s", "iq3_xxs", "iq2_s", "iq2_xs",
-                              "iq2_xxs"}) {
+                              "iq2_xxs", "iq1_s", "iq1_m"}) {
             const TypeInfo* t = type_info_by_name(n);
             py::dict d;
             d["name"] = t->name;

@@ -31,10 +31,12 @@ enum class Type : int32_t {
     IQ2_XXS = 16,
     IQ2_XS = 17,
     IQ3_XXS = 18,
+    IQ1_S = 19,
     IQ4_NL = 20,
     IQ3_S = 21,
     IQ2_S = 22,
     IQ4_XS = 23,
+    IQ1_M = 29,
     BF16 = 30,
     MXFP4 = 39,
     // Not a GGUF type: q4_K rows repacked at load in groups of 16 (block_q4_K_r16), for kernels that keep
@@ -341,6 +343,27 @@ struct block_iq3_s {
     uint8_t scales[QK_K / 64];
 };
 static_assert(sizeof(block_iq3_s) == 110, "block_iq3_s is 110 bytes");
+
+// x = d * (2 s_j + 1) * (grid value + delta_j) over 8 groups of 32: per 8 weights an 11-bit iq1s_grid index
+// (values -1, 0, 1), 8 bits in qs, 3 in qh[j] (bits 3 l .. 3 l + 2 for the l-th 8); qh[j]'s bits 12-14 are
+// s_j, bit 15 the sign of delta_j = +-1/8 (IQ1S_DELTA).
+struct block_iq1_s {
+    uint16_t d;  // fp16
+    uint8_t qs[QK_K / 8];
+    uint16_t qh[QK_K / 32];
+};
+static_assert(sizeof(block_iq1_s) == 50, "block_iq1_s is 50 bytes");
+
+// As iq1_s with a scale per group of 16 and a delta sign per 8 weights: 8 weights i take qs[i] and the 4 bits
+// of qh[i / 2] at 4 (i % 2) (3 index bits, then the sign of delta); scales, read as 4 little-endian words,
+// hold 3-bit s_g at bits 3 (g % 4) of word g / 4, and in the words' top nibbles the fp16 d (word 0's the
+// lowest: iq1m_d).
+struct block_iq1_m {
+    uint8_t qs[QK_K / 8];
+    uint8_t qh[QK_K / 16];
+    uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(block_iq1_m) == 56, "block_iq1_m is 56 bytes");
 
 // ggml_e8m0_to_fp32_half: 2^(e - 128), the E8M0 scale halved (subnormal below e = 2).
 inline float e8m0_to_fp32_half(uint8_t e) {

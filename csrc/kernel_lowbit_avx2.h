@@ -1,6 +1,6 @@
 // AVX2 products of the low-bit and legacy formats (lowbit.h), included by kernels_avx2.cpp only (it is
 // the file compiled with -mavx2). The integers are lowbit.h's, unpacked with vector code:
-// - super-blocks of 256 (q2_K, q3_K, iq4_xs, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s) against block_q8_K: one
+// - super-blocks of 256 (q2_K, q3_K, iq4_xs, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m) against block_q8_K: one
 //   32-weight vector at a time as magnitudes (u8) and signs, vpmaddubsw with the signed activations, vpmaddwd
 //   with the groups' int16 scales (two groups of 16 per vector), int32 sums per super-block, then one float
 //   multiply-add by d * factor * x.d per super-block (q2_K's mins through the q8_K group sums);
@@ -293,6 +293,66 @@ struct LowIQ3S {
         uint32_t bits;
         std::memcpy(&bits, b.signs + 4 * v, 4);
         sgn = bits_to_signs(bits);
+        sc = scale_pair<v>(p);
+    }
+};
+
+// iq1_s / iq1_m: q = 8 g + delta (lowbit.h) as bytes: vpsignb puts 8 g (g = -1, 0, 1 from iq1s_grid), a byte add
+// the delta (+1 or -1, never cancelling, so every q is odd and vpsignb's zero case never arises); the signs are
+// q itself, the magnitudes |q| <= 9.
+inline __m256i iq1_values(__m256i grid, __m256i delta) {
+    return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), grid), delta);
+}
+
+struct LowIQ1S {
+    using Block = block_iq1_s;
+    static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
+    static constexpr int LANE_SHIFT = 4, LANE_QMAX = 25;  // (KindLowV: q in +-9, stored as q + 16)
+    static void prepare(const Block& b, PreScales& p) {
+        // 2 s + 1 from bits 12-14 of qh[j], in both int16 lanes of dword j (groups 2 j, 2 j + 1 of 16)
+        const __m128i qh = _mm_loadu_si128((const __m128i*)b.qh);
+        const __m128i s = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1),
+                                       _mm_set1_epi16(1));
+        const __m256i s32 = _mm256_cvtepu16_epi32(s);
+        p.sc = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+        p.d = _cvtsh_ss(b.d) * 0.125f;
+    }
+    template <int v>
+    static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
+        const int h = b.qh[v];
+        const uint8_t* q = b.qs + 4 * v;
+        const __m256i grid = _mm256_set_epi64x(
+            (long long)iq1s_grid[q[3] | ((h >> 1) & 0x700)], (long long)iq1s_grid[q[2] | ((h << 2) & 0x700)],
+            (long long)iq1s_grid[q[1] | ((h << 5) & 0x700)], (long long)iq1s_grid[q[0] | ((h << 8) & 0x700)]);
+        sgn = iq1_values(grid, _mm256_set1_epi8((h & 0x8000) ? -1 : 1));
+        mag = _mm256_abs_epi8(sgn);
+        sc = scale_pair<v>(p);
+    }
+};
+
+struct LowIQ1M {
+    using Block = block_iq1_m;
+    static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
+    static constexpr int LANE_SHIFT = 4, LANE_QMAX = 25;  // (KindLowV: q in +-9, stored as q + 16)
+    static void prepare(const Block& b, PreScales& p) {
+        uint16_t w[4];
+        iq1m_words(b, w);
+        int16_t sc[16];
+        for (int g = 0; g < 16; g++) sc[g] = (int16_t)(2 * ((w[g / 4] >> (3 * (g % 4))) & 7) + 1);
+        set_scales(p, sc);
+        p.d = _cvtsh_ss(iq1m_d(b)) * 0.125f;
+    }
+    // +1 or -1 in the 8 bytes of one grid entry, from its delta bit (bit 3 of its qh nibble)
+    static long long delta8(int nibble) { return (nibble & 8) ? -1LL : 0x0101010101010101LL; }
+    template <int v>
+    static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
+        const int h0 = b.qh[2 * v], h1 = b.qh[2 * v + 1];
+        const uint8_t* q = b.qs + 4 * v;
+        const __m256i grid = _mm256_set_epi64x(
+            (long long)iq1s_grid[q[3] | ((h1 << 4) & 0x700)], (long long)iq1s_grid[q[2] | ((h1 << 8) & 0x700)],
+            (long long)iq1s_grid[q[1] | ((h0 << 4) & 0x700)], (long long)iq1s_grid[q[0] | ((h0 << 8) & 0x700)]);
+        sgn = iq1_values(grid, _mm256_set_epi64x(delta8(h1 >> 4), delta8(h1), delta8(h0 >> 4), delta8(h0)));
+        mag = _mm256_abs_epi8(sgn);
         sc = scale_pair<v>(p);
     }
 };

@@ -33,7 +33,8 @@ struct Kernels {
     // SIMD table leaves null what it has no kernel of its own for, and gemm() gives the reference one.
     gemm_fn gemm_q4_1 = nullptr, gemm_q5_0 = nullptr, gemm_q5_1 = nullptr, gemm_q2_K = nullptr, gemm_q3_K = nullptr,
             gemm_iq2_xxs = nullptr, gemm_iq2_xs = nullptr, gemm_iq3_xxs = nullptr, gemm_iq4_nl = nullptr,
-            gemm_iq3_s = nullptr, gemm_iq2_s = nullptr, gemm_iq4_xs = nullptr, gemm_mxfp4 = nullptr;
+            gemm_iq3_s = nullptr, gemm_iq2_s = nullptr, gemm_iq4_xs = nullptr, gemm_mxfp4 = nullptr,
+            gemm_iq1_s = nullptr, gemm_iq1_m = nullptr;
     // q2_K, q3_K, q5_K, q6_K, iq4_xs, iq3_xxs and iq3_s repacked at load (block_q2_K_r16, ...), as gemm_q4_K_r16; null where the table
     // has no kernel of its own (the loader then keeps the file's layout: has_native_r16).
     gemm_fn gemm_q2_K_r16 = nullptr, gemm_q3_K_r16 = nullptr, gemm_q5_K_r16 = nullptr, gemm_q6_K_r16 = nullptr, gemm_iq4_xs_r16 = nullptr,

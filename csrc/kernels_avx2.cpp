@@ -421,6 +421,8 @@ Kernels make_avx2() {
     k.gemm_iq2_s = gemm_low256<LowIQ2S, 1>;
     k.gemm_iq3_xxs = gemm_low256<LowIQ3XXS, 1>;
     k.gemm_iq3_s = gemm_low256<LowIQ3S, 1>;
+    k.gemm_iq1_s = gemm_low256<LowIQ1S, 1>;
+    k.gemm_iq1_m = gemm_low256<LowIQ1M, 1>;
     return k;
 }
 

@@ -300,7 +300,7 @@ template <int RM, int RN>
 using TileQ6_K = TileQK<UnpackQ6_K>::T<RM, RN>;
 
 // ---- the low-bit and legacy formats (lowbit.h): super-blocks of 256 against block_q8_K (q2_K, q3_K, iq4_xs,
-// iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s), blocks of 32 against block_q8_a (q4_1, q5_0, q5_1, iq4_nl, mxfp4) ----
+// iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m), blocks of 32 against block_q8_a (q4_1, q5_0, q5_1, iq4_nl, mxfp4) ----
 // Each weight block is unpacked once per tile into signed int8 vectors of 16 (shifts and masks; vqtbl1q_s8 for
 // the 16-value tables; the grids' 8-byte entries by scalar table loads with their signs applied as byte masks),
 // multiplied with dot16 and summed per group in int32 (group sums times their int16 scales); the float
@@ -490,6 +490,49 @@ struct LowNIQ3S {
     }
 };
 
+// iq1_s / iq1_m: two iq1s_grid entries (values -1, 0, 1) as q = 8 g + delta, delta +1 or -1 per entry.
+inline int8x16_t iq1_16(uint64_t g0, uint64_t g1, int d0, int d1) {
+    const int8x16_t g = vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(g0), vcreate_u64(g1)));
+    return vaddq_s8(vshlq_n_s8(g, 3), vcombine_s8(vdup_n_s8((int8_t)d0), vdup_n_s8((int8_t)d1)));
+}
+
+// iq1_s: per 8 weights an 11-bit index (qs and 3 bits of qh[j]); per group of 32 (qh[j]) the delta's sign and
+// 2 s + 1; weight = d / 8 * (2 s + 1) * q.
+struct LowNIQ1S {
+    using Block = block_iq1_s;
+    static constexpr bool MINS = false;
+    static void load(const Block& b, LowSuper& s) {
+        s.d = half_f32(b.d) * 0.125f;
+        for (int ib = 0; ib < 8; ib++) {
+            const int h = b.qh[ib], delta = (h & 0x8000) ? -1 : 1;
+            for (int k = 0; k < 2; k++) {
+                const int l = 2 * k;
+                s.q[2 * ib + k] = iq1_16(iq1s_grid[b.qs[4 * ib + l] | (((h >> (3 * l)) & 7) << 8)],
+                                         iq1s_grid[b.qs[4 * ib + l + 1] | (((h >> (3 * l + 3)) & 7) << 8)], delta, delta);
+            }
+            s.sc[2 * ib] = s.sc[2 * ib + 1] = 2 * ((h >> 12) & 7) + 1;
+        }
+    }
+};
+
+// iq1_m: per 8 weights i an 11-bit index and the delta's sign (qs[i], the nibble of qh[i / 2]); 2 s + 1 per group
+// of 16 and the fp16 d from the scale words (lowbit.h).
+struct LowNIQ1M {
+    using Block = block_iq1_m;
+    static constexpr bool MINS = false;
+    static void load(const Block& b, LowSuper& s) {
+        s.d = half_f32(iq1m_d(b)) * 0.125f;
+        uint16_t w[4];
+        iq1m_words(b, w);
+        for (int g = 0; g < 16; g++) {
+            const int h = b.qh[g];  // nibbles of entries 2 g, 2 g + 1
+            s.q[g] = iq1_16(iq1s_grid[b.qs[2 * g] | ((h & 7) << 8)], iq1s_grid[b.qs[2 * g + 1] | (((h >> 4) & 7) << 8)],
+                            (h & 0x08) ? -1 : 1, (h & 0x80) ? -1 : 1);
+            s.sc[g] = 2 * ((w[g / 4] >> (3 * (g % 4))) & 7) + 1;
+        }
+    }
+};
+
 template <typename U>
 struct TileLow256 {
     template <int RM, int RN>
@@ -635,6 +678,10 @@ template <int RM, int RN>
 using TileIQ3_XXS = TileLow256<LowNIQ3XXS>::T<RM, RN>;
 template <int RM, int RN>
 using TileIQ3_S = TileLow256<LowNIQ3S>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ1_S = TileLow256<LowNIQ1S>::T<RM, RN>;
+template <int RM, int RN>
+using TileIQ1_M = TileLow256<LowNIQ1M>::T<RM, RN>;
 template <int RM, int RN>
 using TileQ4_1 = TileLow32<Low32Bits<block_q4_1, false, 0>>::T<RM, RN>;
 template <int RM, int RN>
@@ -910,6 +957,8 @@ Kernels make_neon() {
     k.gemm_iq2_s = gemm_tiled<TileIQ2_S, 4, 2>;
     k.gemm_iq3_xxs = gemm_tiled<TileIQ3_XXS, 4, 2>;
     k.gemm_iq3_s = gemm_tiled<TileIQ3_S, 4, 2>;
+    k.gemm_iq1_s = gemm_tiled<TileIQ1_S, 4, 2>;
+    k.gemm_iq1_m = gemm_tiled<TileIQ1_M, 4, 2>;
 #if defined(CLOVER_NEON_DOTPROD)
     k.gemm_iq4_xs_r16 = gemm_r16<TileCodes4R16<CodesIQ4XS>>;
     k.gemm_iq3_xxs_r16 = gemm_r16<TileCodes4R16<CodesIQ3XXS>>;

@@ -269,6 +269,8 @@ constexpr float lowbit_factor() {
         return 0.125f;
     else if constexpr (std::is_same_v<Block, block_iq3_xxs>)
         return 0.25f;
+    else if constexpr (std::is_same_v<Block, block_iq1_s> || std::is_same_v<Block, block_iq1_m>)
+        return 0.125f;
     else
         return 1.f;
 }
@@ -285,7 +287,7 @@ void gemm_lowbit256(const uint8_t* W, size_t wb, const uint8_t* X, size_t xb, in
         for (int m = 0; m < M; m++) Y[m * ldy + n] = 0.f;
         for (int64_t b = 0; b < nsb; b++) {
             Unpack(w[b], s);
-            const float d = fp16_to_f32(w[b].d) * lowbit_factor<Block>();
+            const float d = fp16_to_f32(block_d(w[b])) * lowbit_factor<Block>();
             for (int m = 0; m < M; m++) {
                 const block_q8_K& x = ((const block_q8_K*)(X + m * xb))[b];
                 int32_t sum_q = 0, sum_m = 0;
@@ -319,6 +321,8 @@ Kernels make_ref() {
     k.gemm_iq2_s = gemm_lowbit256<block_iq2_s, unpack_iq2_s>;
     k.gemm_iq3_xxs = gemm_lowbit256<block_iq3_xxs, unpack_iq3_xxs>;
     k.gemm_iq3_s = gemm_lowbit256<block_iq3_s, unpack_iq3_s>;
+    k.gemm_iq1_s = gemm_lowbit256<block_iq1_s, unpack_iq1_s>;
+    k.gemm_iq1_m = gemm_lowbit256<block_iq1_m, unpack_iq1_m>;
     return k;
 }
 
@@ -363,6 +367,8 @@ gemm_fn Kernels::gemm(Type t) const {
         case Type::IQ2_S: return gemm_iq2_s ? gemm_iq2_s : r.gemm_iq2_s;
         case Type::IQ3_XXS: return gemm_iq3_xxs ? gemm_iq3_xxs : r.gemm_iq3_xxs;
         case Type::IQ3_S: return gemm_iq3_s ? gemm_iq3_s : r.gemm_iq3_s;
+        case Type::IQ1_S: return gemm_iq1_s ? gemm_iq1_s : r.gemm_iq1_s;
+        case Type::IQ1_M: return gemm_iq1_m ? gemm_iq1_m : r.gemm_iq1_m;
     }
     return nullptr;
 }

@@ -123,6 +123,49 @@ inline void unpack_iq3_s(const block_iq3_s& b, SuperInts& s) {
     for (int j = 0; j < 8; j++) s.scale[2 * j] = s.scale[2 * j + 1] = (int16_t)(2 * ((b.scales[j / 2] >> (4 * (j % 2))) & 0xf) + 1);
 }
 
+// iq1_s / iq1_m: q = 8 (grid value + delta) = 8 g +- 1 (g in -1, 0, 1; delta +-1/8), scale = 2 s + 1 (weight =
+// d * scale * q / 8). The 8 weights of one grid entry, delta's sign given (+1 or -1).
+inline void put8_iq1(int8_t* q, uint64_t grid, int delta) {
+    for (int j = 0; j < 8; j++) q[j] = (int8_t)(8 * (int8_t)grid_byte(grid, j) + delta);
+}
+
+inline void unpack_iq1_s(const block_iq1_s& b, SuperInts& s) {
+    for (int ib = 0; ib < 8; ib++) {
+        const int h = b.qh[ib];
+        const int delta = (h & 0x8000) ? -1 : 1;
+        for (int l = 0; l < 4; l++)
+            put8_iq1(s.q + 32 * ib + 8 * l, iq1s_grid[b.qs[4 * ib + l] | (((h >> (3 * l)) & 7) << 8)], delta);
+        s.scale[2 * ib] = s.scale[2 * ib + 1] = (int16_t)(2 * ((h >> 12) & 7) + 1);
+    }
+}
+
+// iq1_m's scales as the 4 words they are read as
+inline void iq1m_words(const block_iq1_m& b, uint16_t w[4]) { std::memcpy(w, b.scales, 8); }
+
+// iq1_m's fp16 d, from the top nibbles of its 4 scale words
+inline uint16_t iq1m_d(const block_iq1_m& b) {
+    uint16_t w[4];
+    iq1m_words(b, w);
+    return (uint16_t)((w[0] >> 12) | ((w[1] >> 8) & 0x00f0) | ((w[2] >> 4) & 0x0f00) | (w[3] & 0xf000));
+}
+
+inline void unpack_iq1_m(const block_iq1_m& b, SuperInts& s) {
+    for (int i = 0; i < 32; i++) {
+        const int h = (b.qh[i / 2] >> (4 * (i % 2))) & 0xf;
+        put8_iq1(s.q + 8 * i, iq1s_grid[b.qs[i] | ((h & 7) << 8)], (h & 8) ? -1 : 1);
+    }
+    uint16_t w[4];
+    iq1m_words(b, w);
+    for (int g = 0; g < 16; g++) s.scale[g] = (int16_t)(2 * ((w[g / 4] >> (3 * (g % 4))) & 7) + 1);
+}
+
+// A super-block's fp16 d (iq1_m keeps it in its scales)
+template <typename Block>
+inline uint16_t block_d(const Block& b) {
+    return b.d;
+}
+inline uint16_t block_d(const block_iq1_m& b) { return iq1m_d(b); }
+
 // The 32 weights of a legacy block as integers: q4_1 / q5_1 unsigned (weight = d q + m), q5_0 as q - 16,
 // iq4_nl and mxfp4 their table values (weight = d q).
 inline void nibbles32(const uint8_t* qs, int q[32]) {

@@ -407,6 +407,8 @@ const TypeInfo TYPES[] = {
     {Type::IQ2_S, "iq2_s", QK_K, (int)sizeof(block_iq2_s)},
     {Type::IQ2_XS, "iq2_xs", QK_K, (int)sizeof(block_iq2_xs)},
     {Type::IQ2_XXS, "iq2_xxs", QK_K, (int)sizeof(block_iq2_xxs)},
+    {Type::IQ1_S, "iq1_s", QK_K, (int)sizeof(block_iq1_s)},
+    {Type::IQ1_M, "iq1_m", QK_K, (int)sizeof(block_iq1_m)},
     // a row's share of its group: 16 rows of a super-block are one block_q4_K_r16
     {Type::Q4_K_R16, "q4_k_r16", QK_K, (int)sizeof(block_q4_K_r16) / R16},
     {Type::Q2_K_R16, "q2_k_r16", QK_K, (int)sizeof(block_q2_K_r16) / R16},
@@ -605,6 +607,8 @@ ActFormat act_format(Type t) {
         case Type::IQ2_S:
         case Type::IQ2_XS:
         case Type::IQ2_XXS:
+        case Type::IQ1_S:
+        case Type::IQ1_M:
             return ActFormat::Q8_K;
         default:
             return ActFormat::F32;

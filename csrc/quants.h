@@ -14,8 +14,8 @@ namespace clover {
 // without an importance matrix (quantize_rows_lowbit).
 void quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t k);
 
-// Whether quantize_rows can write type t (every format dequantizes; IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS
-// and MXFP4 have no quantizer here yet).
+// Whether quantize_rows can write type t (every format dequantizes; IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS,
+// IQ1_S, IQ1_M and MXFP4 have no quantizer here yet).
 bool has_quantizer(Type t);
 // The low-bit and legacy formats (quants_lowbit.cpp): false for a type they do not handle.
 bool dequantize_row_lowbit(Type t, const uint8_t* x, float* y, int64_t k);

@@ -1,5 +1,5 @@
 // Dequantizers of the low-bit and legacy formats (Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, IQ4_XS,
-// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), float for float as gguf.quants.dequantize computes them (the same
+// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M), float for float as gguf.quants.dequantize computes them (the same
 // products in the same order; the file, as the whole extension, is built with -ffp-contract=off), and the
 // quantizers of the legacy ones, byte for byte as gguf.quants.quantize (ggml's reference quantizers).
 #include <cmath>
@@ -34,10 +34,12 @@ void dequant32(const uint8_t* x, float* y, int64_t k) {
 // The float factor of group g of a super-block (gguf.quants' expression for it).
 template <typename Block>
 float group_factor(const Block& b, const SuperInts& s, int g) {
-    const float d = fp16_to_f32(b.d);
+    const float d = fp16_to_f32(block_d(b));
     if constexpr (std::is_same_v<Block, block_iq2_xxs> || std::is_same_v<Block, block_iq2_xs> ||
                   std::is_same_v<Block, block_iq2_s>)
         return d * (0.5f + (float)((s.scale[g] - 1) / 2)) * 0.25f;
+    else if constexpr (std::is_same_v<Block, block_iq1_s> || std::is_same_v<Block, block_iq1_m>)
+        return d * (float)s.scale[g] * 0.125f;  // exact: gguf's d (2 s + 1) times q / 8 = grid + delta, one rounding
     else if constexpr (std::is_same_v<Block, block_iq3_xxs>)
         return d * (0.5f + (float)((s.scale[g] - 1) / 2)) * 0.5f;
     else
@@ -144,6 +146,8 @@ bool dequantize_row_lowbit(Type t, const uint8_t* x, float* y, int64_t k) {
         case Type::IQ2_S: dequant256<block_iq2_s, unpack_iq2_s>(x, y, k); return true;
         case Type::IQ3_XXS: dequant256<block_iq3_xxs, unpack_iq3_xxs>(x, y, k); return true;
         case Type::IQ3_S: dequant256<block_iq3_s, unpack_iq3_s>(x, y, k); return true;
+        case Type::IQ1_S: dequant256<block_iq1_s, unpack_iq1_s>(x, y, k); return true;
+        case Type::IQ1_M: dequant256<block_iq1_m, unpack_iq1_m>(x, y, k); return true;
         default: return false;
     }
 }

@@ -87,10 +87,14 @@ def test_tensor_table(tmp_path):
     refuse(tmp_path, build(tensors=[("t", (32, 2), 0, 4)]), "misaligned")
     refuse(tmp_path, build(tensors=[("a", (32, 2), 0, 0), ("b", (32, 1), 0, 128)]), "overlap")
     refuse(tmp_path, build(tensors=[("t", (32, 2), 99, 0)]), "ggml type 99")
-    p = tmp_path / "iq1_s.gguf"  # IQ1_S: ggml's, read and described; the model loader refuses it (test_info_any_gguf)
+    p = tmp_path / "tq1_0.gguf"  # TQ1_0: ggml's, read and described; the model loader refuses it (test_info_any_gguf)
+    p.write_bytes(build(tensors=[("t", (256, 2), 34, 0)]))
+    with GGUFFile(p) as g:
+        assert g.tensors["t"].ggml_type == "TQ1_0" and not g.tensors["t"].supported and g.tensors["t"].nbytes == 108
+    p = tmp_path / "iq1_s.gguf"  # IQ1_S: read and run
     p.write_bytes(build(tensors=[("t", (256, 2), 19, 0)]))
     with GGUFFile(p) as g:
-        assert g.tensors["t"].ggml_type == "IQ1_S" and not g.tensors["t"].supported and g.tensors["t"].nbytes == 100
+        assert g.tensors["t"].ggml_type == "IQ1_S" and g.tensors["t"].supported and g.tensors["t"].nbytes == 100
     refuse(tmp_path, build(tensors=[("t", (2**63, 2**63), 0, 0)]), "invalid shape|impossibly large")
     refuse(tmp_path, build(tensors=[("t", (2**32, 2**32), 0, 0)]), "invalid shape|impossibly large")
     refuse(tmp_path, build(tensors=[("t", (0, 2), 0, 0)]), "invalid shape")

@@ -1,5 +1,5 @@
 """The low-bit and legacy formats laptops' GGUFs use (Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_S,
-IQ2_XS, IQ2_XXS, MXFP4, Q4_1, Q5_0, Q5_1): blocks of random bytes (every bit pattern is a valid block, the
+IQ2_XS, IQ2_XXS, IQ1_S, IQ1_M, MXFP4, Q4_1, Q5_0, Q5_1): blocks of random bytes (every bit pattern is a valid block, the
 float scales kept finite) dequantize bit for bit as gguf.quants.dequantize does; the legacy quantizers write
 gguf.quants.quantize's bytes; every ISA's product equals the float64 product of the dequantized weights
 within the activations' int8 rounding, and the scalar reference's within float summation order; the MoE
@@ -17,15 +17,30 @@ from conftest import check_close
 
 ISAS = clover_cpu.system_info()["available_isas"]
 SIMD_ISAS = [i for i in ISAS if i != "ref"]
-LOWBIT = ["q2_k", "q3_k", "iq4_xs", "iq4_nl", "iq3_s", "iq3_xxs", "iq2_s", "iq2_xs", "iq2_xxs", "mxfp4", "q4_1", "q5_0",
-          "q5_1"]
+LOWBIT = ["q2_k", "q3_k", "iq4_xs", "iq4_nl", "iq3_s", "iq3_xxs", "iq2_s", "iq2_xs", "iq2_xxs", "iq1_s", "iq1_m", "mxfp4",
+          "q4_1", "q5_0", "q5_1"]
 QUANTIZERS = ["q4_1", "q5_0", "q5_1"]
 # byte offsets of each block's fp16 scales (d, and the min/dmin where there is one)
 F16_FIELDS = {"q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "iq4_nl": [0], "q2_k": [80, 82], "q3_k": [108], "iq4_xs": [0],
-              "iq2_xxs": [0], "iq2_xs": [0], "iq2_s": [0], "iq3_xxs": [0], "iq3_s": [0]}
+              "iq2_xxs": [0], "iq2_xs": [0], "iq2_s": [0], "iq3_xxs": [0], "iq3_s": [0], "iq1_s": [0]}
+# iq1_m keeps its fp16 d in the top nibbles of the 4 little-endian words at this byte offset (word 0's the lowest)
+IQ1_M_WORDS = 48
 TOL_FLOAT64 = 1e-5  # against float64 on the int8-rounded activations: float summation order only
 TOL_VS_REF = 2e-5  # the same integer dots, another float summation order
-Q8_K_FORMATS = {"q2_k", "q3_k", "iq4_xs", "iq3_s", "iq3_xxs", "iq2_s", "iq2_xs", "iq2_xxs"}
+Q8_K_FORMATS = {"q2_k", "q3_k", "iq4_xs", "iq3_s", "iq3_xxs", "iq2_s", "iq2_xs", "iq2_xxs", "iq1_s", "iq1_m"}
+
+
+def set_fp16_scale(raw, fmt, off, d):
+    """Write fp16 scales d (one per block: raw.shape[:-1]) into the field at byte offset off of blocks raw
+    (..., block bytes); iq1_m's into its scale words' top nibbles."""
+    bits = np.asarray(d, np.float16).view(np.uint16)
+    if fmt == "iq1_m":
+        w = raw[..., off:off + 8].copy().view(np.uint16)
+        for k in range(4):
+            w[..., k] = (w[..., k] & 0x0FFF) | (((bits >> (4 * k)) & 0xF) << 12)
+        raw[..., off:off + 8] = w.view(np.uint8)
+    else:
+        raw[..., off:off + 2] = bits.view(np.uint8).reshape(*bits.shape, 2)
 
 
 def act_rounded(x, fmt):
@@ -55,9 +70,9 @@ def random_blocks(rng, fmt, rows, k, scale=(0.004, 0.06), rms=None):
             unit.reshape(-1, nb)[:, 0] = 128
         r = float(np.sqrt(np.mean(gq.dequantize(unit, gtype(fmt)).astype(np.float64) ** 2)))
         scale = (0.5 * rms / r, 1.5 * rms / r)
-    for off in F16_FIELDS.get(fmt, []):
+    for off in F16_FIELDS.get(fmt, [IQ1_M_WORDS] if fmt == "iq1_m" else []):
         d = rng.uniform(*scale, raw.shape[:2]) * rng.choice([-1, 1], raw.shape[:2])
-        raw[..., off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+        set_fp16_scale(raw, fmt, off, d.astype(np.float16))
     if fmt == "mxfp4":
         e = 128 + (np.log2(np.sqrt(scale[0] * scale[1])) if rms is not None else 0)
         raw[..., 0] = rng.integers(int(e) - 2, int(e) + 3, raw.shape[:2])
@@ -78,8 +93,9 @@ def test_dequantize_extreme_scales(fmt, rng):
     bs, nb = GGML_QUANT_SIZES[gtype(fmt)]
     rows = [random_blocks(rng, fmt, 1, 256 if bs == 256 else 64, scale=s) for s in ((1e-7, 6e-5), (1e3, 6e4))]
     rows += [np.zeros_like(rows[0]), np.full_like(rows[0], 0xff)]
-    for off in F16_FIELDS.get(fmt, []):
-        rows[-1].reshape(-1, nb)[:, off:off + 2] = np.frombuffer(np.float16(-2.5).tobytes(), np.uint8)
+    for off in F16_FIELDS.get(fmt, [IQ1_M_WORDS] if fmt == "iq1_m" else []):
+        ones = rows[-1].reshape(-1, nb)
+        set_fp16_scale(ones, fmt, off, np.full(ones.shape[0], -2.5, np.float16))
     w = np.concatenate(rows)
     want = gq.dequantize(w, gtype(fmt)).reshape(len(rows), -1)
     got = kernels.dequantize(w, fmt)
@@ -151,6 +167,32 @@ def test_iq2_every_grid_entry(fmt, bits, m, rng):
         check_close(kernels.matmul(x, w, fmt, isa=isa), want, TOL_FLOAT64, f"{fmt} {isa} M={m}")
 
 
+@pytest.mark.parametrize("fmt", ["iq1_s", "iq1_m"])
+@pytest.mark.parametrize("m", [1, 3, 9, 20])
+def test_iq1_every_grid_entry(fmt, m, rng):
+    # every one of the 2048 grid indices once (row r, entry i: index 32 r + i) with both delta signs and
+    # random scales: every ISA against float64 on gguf's dequantization (20 tokens: the lane tiles)
+    rows = 2048 // 32
+    w = random_blocks(rng, fmt, rows, 256).reshape(rows, -1)
+    idx = np.arange(rows * 32).reshape(rows, 32)
+    neg = rng.random((rows, 32)) < 0.5
+    if fmt == "iq1_s":  # qs[i] low 8 bits; qh[i / 4]: bits 3 (i % 4) high 3, bits 12-14 s, bit 15 delta's sign
+        w[:, 2:34] = idx & 0xFF
+        qh = w[:, 34:50].copy().view(np.uint16) & 0x7000
+        for i in range(32):
+            qh[:, i // 4] |= ((idx[:, i] >> 8) << (3 * (i % 4))).astype(np.uint16)
+        qh |= np.where(neg[:, ::4], 0x8000, 0).astype(np.uint16)
+        w[:, 34:50] = qh.view(np.uint8)
+    else:  # qs[i] low 8 bits; nibble i % 2 of qh[i / 2]: 3 high bits, then delta's sign
+        w[:, 0:32] = idx & 0xFF
+        nib = (idx >> 8) | np.where(neg, 8, 0)
+        w[:, 32:48] = (nib[:, 0::2] | (nib[:, 1::2] << 4)).astype(np.uint8)
+    x = rng.standard_normal((m, 256)).astype(np.float32)
+    want = act_rounded(x, fmt) @ kernels.dequantize(w, fmt).astype(np.float64).T
+    for isa in ISAS:
+        check_close(kernels.matmul(x, w, fmt, isa=isa), want, TOL_FLOAT64, f"{fmt} {isa} M={m}")
+
+
 @pytest.mark.parametrize("fmt", LOWBIT)
 def test_one_block_one_row(fmt, rng):
     k = GGML_QUANT_SIZES[gtype(fmt)][0]
@@ -173,7 +215,7 @@ def test_blocks_of_32_odd_count(fmt, m, rng):
         check_close(kernels.matmul(x, w, fmt, isa=isa), want, TOL_FLOAT64, f"{fmt} {isa} M={m}")
 
 
-@pytest.mark.parametrize("fmt", ["q2_k", "iq2_xxs", "iq3_s", "iq4_xs", "q5_1", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["q2_k", "iq2_xxs", "iq3_s", "iq4_xs", "q5_1", "mxfp4", "iq1_m"])
 def test_threads_do_not_change_results(fmt, rng):
     w = random_blocks(rng, fmt, 300, 1024)
     x = rng.standard_normal((9, 1024)).astype(np.float32)
@@ -186,7 +228,8 @@ def test_threads_do_not_change_results(fmt, rng):
 
 
 @pytest.mark.parametrize("fmt,down_fmt", [("q3_k", "q5_1"), ("iq2_xxs", "iq4_xs"), ("iq3_xxs", "q2_k"),
-                                          ("iq4_nl", "mxfp4"), ("iq2_s", "iq3_s"), ("iq2_xs", "q5_0"), ("q4_1", "q3_k")])
+                                          ("iq4_nl", "mxfp4"), ("iq2_s", "iq3_s"), ("iq2_xs", "q5_0"), ("q4_1", "q3_k"),
+                                          ("iq1_s", "iq1_m")])
 @pytest.mark.parametrize("m", [1, 6])
 def test_moe(fmt, down_fmt, m, rng):
     from test_moe import reference, route
@@ -203,7 +246,7 @@ def test_moe(fmt, down_fmt, m, rng):
         check_close(out, want, 5e-2, f"moe {fmt}/{down_fmt} {isa} M={m}")
 
 
-@pytest.mark.parametrize("fmt", ["q3_k", "iq2_xxs", "iq4_xs", "iq3_s", "mxfp4", "q5_1"])
+@pytest.mark.parametrize("fmt", ["q3_k", "iq2_xxs", "iq4_xs", "iq3_s", "mxfp4", "q5_1", "iq1_m"])
 def test_model_in_each_format_runs_as_its_float_twin(fmt, rng, tmp_path):
     """The shipped Clover (trained weights) with its routed experts' down projections (the MoE product) and
     its mixers' output projections (dense products) rewritten as small random blocks of `fmt`, against the

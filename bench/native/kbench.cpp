@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     if (has_quantizer(tq)) {
         quantize_rows(tq, wf.data(), wq.data(), rows, K);
     } else {
-        // no quantizer here (IQ3_S, IQ3_XXS, IQ2_*, MXFP4): random blocks, with the leading scale (an fp16 d,
+        // no quantizer here (IQ3_S, IQ3_XXS, IQ2_*, IQ1_*, MXFP4): random blocks, with the leading scale (an fp16 d,
         // or MXFP4's e8m0 exponent) set to a modest value so that products stay finite
         std::uniform_int_distribution<int> byte(0, 255);
         for (uint8_t& b : wq) b = (uint8_t)byte(gen);
@@ -125,6 +125,12 @@ int main(int argc, char** argv) {
         for (size_t o = 0; o < wq.size(); o += bb) {
             if (tq == Type::MXFP4) {
                 wq[o] = 120;
+            } else if (tq == Type::IQ1_M) {  // d in the top nibbles of the 4 scale words
+                const uint16_t d = f32_to_fp16(0.01f * (1 + (wq[o] & 7)));
+                uint16_t sw[4];
+                std::memcpy(sw, &wq[o + offsetof(block_iq1_m, scales)], 8);
+                for (int k = 0; k < 4; k++) sw[k] = (uint16_t)((sw[k] & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12));
+                std::memcpy(&wq[o + offsetof(block_iq1_m, scales)], sw, 8);
             } else {
                 const uint16_t d = f32_to_fp16(0.01f * (1 + (wq[o] & 7)));
                 std::memcpy(&wq[o], &d, 2);

@@ -64,7 +64,7 @@ const Format LOWBIT[] = {
     {Type::IQ2_XXS, "iq2_xxs", QK_K}, {Type::IQ2_XS, "iq2_xs", QK_K},   {Type::IQ2_S, "iq2_s", QK_K},
     {Type::IQ3_XXS, "iq3_xxs", QK_K}, {Type::IQ3_S, "iq3_s", QK_K},     {Type::Q4_1, "q4_1", QK},
     {Type::Q5_0, "q5_0", QK},         {Type::Q5_1, "q5_1", QK},         {Type::IQ4_NL, "iq4_nl", QK},
-    {Type::MXFP4, "mxfp4", QK},
+    {Type::MXFP4, "mxfp4", QK},       {Type::IQ1_S, "iq1_s", QK_K},     {Type::IQ1_M, "iq1_m", QK_K},
 };
 
 const Format& format(Type t) {
@@ -174,9 +174,17 @@ void fill_raw_blocks(std::mt19937& rng, Type t, uint8_t* data, size_t n_blocks) 
                 break;
             case Type::MXFP4: blk[0] = (uint8_t)(118 + byte(rng) % 16); break;  // 2^-10 .. 2^5
             case Type::Q5_0: case Type::IQ4_NL: case Type::IQ4_XS: case Type::IQ2_XXS: case Type::IQ2_XS:
-            case Type::IQ2_S: case Type::IQ3_XXS: case Type::IQ3_S:
+            case Type::IQ2_S: case Type::IQ3_XXS: case Type::IQ3_S: case Type::IQ1_S:
                 set_half(0);  // (d first)
                 break;
+            case Type::IQ1_M: {  // d in the top nibbles of the 4 scale words
+                const uint16_t h = f32_to_fp16(scale(rng));
+                uint16_t w[4];
+                std::memcpy(w, blk + offsetof(block_iq1_m, scales), 8);
+                for (int k = 0; k < 4; k++) w[k] = (uint16_t)((w[k] & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
+                std::memcpy(blk + offsetof(block_iq1_m, scales), w, 8);
+                break;
+            }
             default: break;
         }
     }
@@ -519,6 +527,7 @@ void test_moe(const Table& tb, std::mt19937& rng) {
         {Type::Q4_K, Type::Q6_K, false}, {Type::Q4_0, Type::Q8_0, false}, {Type::Q8_0, Type::Q5_K, false},
         {Type::F16, Type::F32, false},   {Type::BF16, Type::Q4_K, false}, {Type::Q4_K, Type::Q4_K, true},
         {Type::IQ3_XXS, Type::IQ4_XS, false}, {Type::Q3_K, Type::Q2_K, false}, {Type::IQ2_S, Type::Q5_1, false},
+        {Type::IQ1_S, Type::IQ1_M, false},
     };
     for (const auto& [tu, td, r16] : cases) {
         const Format &fu = format(tu), &fd = format(td);
