@@ -335,23 +335,30 @@ struct LowIQ1M {
     static constexpr bool SIGNED = true, MINS = false, OFFSET = false;
     static constexpr int LANE_SHIFT = 4, LANE_QMAX = 25;  // (KindLowV: q in +-9, stored as q + 16)
     static void prepare(const Block& b, PreScales& p) {
-        uint16_t w[4];
-        iq1m_words(b, w);
-        int16_t sc[16];
-        for (int g = 0; g < 16; g++) sc[g] = (int16_t)(2 * ((w[g / 4] >> (3 * (g % 4))) & 7) + 1);
-        set_scales(p, sc);
+        // group g's 2 s + 1 from bits 3 (g % 4) of scale word g / 4: the word to each of its 4 lanes (byte
+        // shuffle), shifted left by 9 - 3 (g % 4) (a multiply), so that the 3 bits land at bits 9-11
+        const __m256i w = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)iq1m_words64(b)),
+                                              _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4,
+                                                               5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7));
+        const __m256i s = _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_set1_epi64x(0x0001000800400200LL)), 9),
+                                           _mm256_set1_epi16(7));
+        p.sc = _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1));
         p.d = _cvtsh_ss(iq1m_d(b)) * 0.125f;
     }
-    // +1 or -1 in the 8 bytes of one grid entry, from its delta bit (bit 3 of its qh nibble)
-    static long long delta8(int nibble) { return (nibble & 8) ? -1LL : 0x0101010101010101LL; }
     template <int v>
     static void vec(const Block& b, const PreScales& p, __m256i& mag, __m256i& sgn, __m256i& sc) {
-        const int h0 = b.qh[2 * v], h1 = b.qh[2 * v + 1];
+        uint16_t h;
+        std::memcpy(&h, b.qh + 2 * v, 2);  // the nibbles of entries 4 v .. 4 v + 3, low first
         const uint8_t* q = b.qs + 4 * v;
         const __m256i grid = _mm256_set_epi64x(
-            (long long)iq1s_grid[q[3] | ((h1 << 4) & 0x700)], (long long)iq1s_grid[q[2] | ((h1 << 8) & 0x700)],
-            (long long)iq1s_grid[q[1] | ((h0 << 4) & 0x700)], (long long)iq1s_grid[q[0] | ((h0 << 8) & 0x700)]);
-        sgn = iq1_values(grid, _mm256_set_epi64x(delta8(h1 >> 4), delta8(h1), delta8(h0 >> 4), delta8(h0)));
+            (long long)iq1s_grid[q[3] | ((h >> 4) & 0x700)], (long long)iq1s_grid[q[2] | (h & 0x700)],
+            (long long)iq1s_grid[q[1] | ((h << 4) & 0x700)], (long long)iq1s_grid[q[0] | ((h << 8) & 0x700)]);
+        // each entry's delta bit (bit 3 of its nibble: bits 3, 7, 11, 15 of h) tested in the 4 words of its qword:
+        // -1 (0xffff) where set, then OR 1: -1 or +1 per byte
+        const __m256i bit = _mm256_setr_epi64x(0x0008000800080008LL, 0x0080008000800080LL, 0x0800080008000800LL,
+                                               (long long)0x8000800080008000ULL);
+        const __m256i neg = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)h), bit), bit);
+        sgn = iq1_values(grid, _mm256_or_si256(neg, _mm256_set1_epi8(1)));
         mag = _mm256_abs_epi8(sgn);
         sc = scale_pair<v>(p);
     }

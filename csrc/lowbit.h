@@ -139,8 +139,13 @@ inline void unpack_iq1_s(const block_iq1_s& b, SuperInts& s) {
     }
 }
 
-// iq1_m's scales as the 4 words they are read as
+// iq1_m's scales as the 4 words they are read as (and as one little-endian 64-bit word)
 inline void iq1m_words(const block_iq1_m& b, uint16_t w[4]) { std::memcpy(w, b.scales, 8); }
+inline uint64_t iq1m_words64(const block_iq1_m& b) {
+    uint64_t w;
+    std::memcpy(&w, b.scales, 8);
+    return w;
+}
 
 // iq1_m's fp16 d, from the top nibbles of its 4 scale words
 inline uint16_t iq1m_d(const block_iq1_m& b) {
