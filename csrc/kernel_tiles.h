@@ -87,6 +87,13 @@ inline void decode_k4_header(const uint8_t* s12, uint32_t out[4]) {
 }
 
 #if defined(__AVX2__)  // (the AVX2-compiled files only)
+// the sum of 4 int32
+inline int32_t hsum_i32(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(v);
+}
+
 // the sum of 8 floats
 inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

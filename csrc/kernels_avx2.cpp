@@ -16,12 +16,6 @@ namespace clover {
 
 namespace {
 
-inline int32_t hsum_i32(__m128i v) {
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(v);
-}
-
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
 
 // ---- float weights (f32, f16, bf16) against fp32 activations ----

@@ -206,7 +206,7 @@ inline void finish(const Consts& c, __m512i codes, __m512i sc16, Unpacked& u) {
 }
 
 // scales 2 s + 1 for the 16 groups of 16 from the nibbles of scales[8] (iq2_xs, iq2_s), as int16 lanes 0-15 (the
-// AVX2 kernels' prepare_nibble_scales, kernel_lowbit_avx2.h, which only kernels_avx2.cpp includes)
+// AVX2 kernels' prepare_nibble_scales, kernel_low256_avx2.h, which this file does not include)
 inline __m512i nibble_scales(const uint8_t* scales8) {
     const __m128i raw = _mm_loadl_epi64((const __m128i*)scales8);
     const __m128i nib = _mm_and_si128(_mm_unpacklo_epi8(raw, _mm_srli_epi16(raw, 4)), _mm_set1_epi8(0x0f));
