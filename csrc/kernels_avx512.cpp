@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernel_low256_avx2.h"
 #include "kernel_r16.h"
 #include "kernel_tiles.h"
 #include "kernels.h"
@@ -1230,6 +1231,36 @@ struct TileQ2KR16 : R16SumsInRegisters<TileQ2KR16> {
     }
 };
 
+// ---- the low-bit super-block types on the file's layout, for many tokens ----
+// AVX2's lane tiles (kernel_low256_avx2.h's KindLowV: a row unpacked once for every token group, each lane a
+// group of 16 weights) with 256-bit vpdpbusd (AVX-512 VL + VNNI) as the dot product: one instruction per 4
+// byte products and token, where vpmaddubsw chains take three (product, int16 add, and a widening vpmaddwd per
+// chain). The lane sums start at the offset's correction, as AVX2's.
+struct DotVnni256 {
+    using Sum = __m256i;
+    static constexpr int chain(int) { return 1 << 20; }
+    static __m256i start(__m256i v) { return v; }
+    static __m256i dot(__m256i s, __m256i q, __m256i x) { return _mm256_dpbusd_epi32(s, q, x); }
+    static __m256i end(__m256i, __m256i s) { return s; }
+};
+
+// From FROM tokens the vpdpbusd lane tiles, below them the table's product as it was (AVX2's tiles, or the VBMI
+// kernels of the IQ2 types).
+template <class Low, int FROM>
+struct LowLanesVnni {
+    static inline gemm_fn few = nullptr;
+    static void gemm(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
+                     int64_t n0, int64_t n1) {
+        if (M >= FROM) return gemm_kquant_tiles<KindLowV<DotVnni256, Low>>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+        few(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+    }
+};
+template <class Low, int FROM>
+void use_lanes_vnni(gemm_fn& entry) {
+    LowLanesVnni<Low, FROM>::few = entry;
+    entry = LowLanesVnni<Low, FROM>::gemm;
+}
+
 Kernels make_table() {
     Kernels k = *kernels_avx2();
     k.isa = "avx512";  // (family stays "avx2": the model operators and the rest of the table are AVX2's)
@@ -1264,6 +1295,17 @@ Kernels make_table() {
     k.gemm_q5_1 = gemm_q8a<UnpackQ41<true>, 4>;
     // iq2_xxs / iq2_xs / iq2_s up to 9-15 tokens: the VBMI kernels where the CPU has VBMI and BITALG (else AVX2's)
     if (cpu_has_avx512vbmi_bitalg()) add_avx512_vbmi(k);
+    // The types that stay on the file's layout here: the vpdpbusd lane tiles from where they beat the VBMI kernels
+    // (IQ2) and AVX2's register tiles (IQ1). kbench, one thread, 512 x 2048 in cache, ns per super-block row and
+    // token at 4 / 5 / 6 / 7 / 8 tokens, the table's product before -> the lane tiles: IQ2_XXS 4.57 / 5.24 / 4.92 /
+    // 4.69 / 4.51 -> 6.20 / 5.98 / 5.24 / 4.75 / 4.38; IQ2_XS 4.74 / 5.57 / 5.19 / 4.90 / 4.74 -> 6.08 / 5.85 /
+    // 5.15 / 4.68 / 4.32; IQ2_S 5.34 / 6.45 / 6.06 / 5.54 -> 6.40 / 6.04 / 5.30 / 4.82; IQ1_S 5.88 / 8.31 / 7.26 ->
+    // 6.41 / 6.15 / 5.44; IQ1_M 7.32 / 9.66 -> 6.62 / 6.23. At 64 tokens all five 3.67-3.93 -> 2.58-2.63.
+    use_lanes_vnni<LowIQ2XXS, 8>(k.gemm_iq2_xxs);
+    use_lanes_vnni<LowIQ2XS, 6>(k.gemm_iq2_xs);
+    use_lanes_vnni<LowIQ2S, 5>(k.gemm_iq2_s);
+    use_lanes_vnni<LowIQ1S, 5>(k.gemm_iq1_s);
+    use_lanes_vnni<LowIQ1M, 4>(k.gemm_iq1_m);
     return k;
 }
 
