@@ -419,6 +419,8 @@ inline void pair_rows(const Args& a, int64_t n, int M, const typename U::R& k) {
 // tiles at 8 / 15 tokens against the lane tiles at 16 / 64: IQ2_XXS 4.62-4.88 / 4.69-4.70 against 4.72-4.81 /
 // 3.78-4.87, IQ2_XS 4.79-5.21 / 4.89-5.31 against 4.85-6.32 / 3.88-4.18; IQ2_S at 8 / 12 tokens 5.37-5.77 /
 // 5.36-5.65 against the lane tiles' 5.77-6.09 / 5.07-5.20 (2026-12-07, a noisy hour: ranges of two or three runs).
+// Since then the AVX-512 table sends 5-8 tokens and more to its own lane tiles with vpdpbusd (faster than these
+// from there; kernels_avx512.cpp, use_lanes_vnni), so in the table this runs below those counts only.
 template <class U, gemm_fn Kernels::*LANES>
 void gemm_iq2(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
               int64_t n0, int64_t n1) {
