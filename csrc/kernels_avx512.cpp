@@ -1293,11 +1293,13 @@ Kernels make_table() {
     k.gemm_mxfp4 = gemm_q8a<UnpackMXFP4, 4>;
     k.gemm_q4_1 = gemm_q8a<UnpackQ41<false>, 4>;
     k.gemm_q5_1 = gemm_q8a<UnpackQ41<true>, 4>;
-    // iq2_xxs / iq2_xs / iq2_s up to 9-15 tokens: the VBMI kernels where the CPU has VBMI and BITALG (else AVX2's)
+    // iq2_xxs / iq2_xs / iq2_s below the lane tiles' thresholds (next): the VBMI kernels where the CPU has VBMI and
+    // BITALG (else AVX2's)
     if (cpu_has_avx512vbmi_bitalg()) add_avx512_vbmi(k);
     // The types that stay on the file's layout here: the vpdpbusd lane tiles from where they beat the VBMI kernels
     // (IQ2) and AVX2's register tiles (IQ1). kbench, one thread, 512 x 2048 in cache, ns per super-block row and
-    // token at 4 / 5 / 6 / 7 / 8 tokens, the table's product before -> the lane tiles: IQ2_XXS 4.57 / 5.24 / 4.92 /
+    // token at 4 / 5 / 6 / 7 / 8 tokens, the table's product before -> the lane tiles (taken from the threshold given
+    // to each type below): IQ2_XXS 4.57 / 5.24 / 4.92 /
     // 4.69 / 4.51 -> 6.20 / 5.98 / 5.24 / 4.75 / 4.38; IQ2_XS 4.74 / 5.57 / 5.19 / 4.90 / 4.74 -> 6.08 / 5.85 /
     // 5.15 / 4.68 / 4.32; IQ2_S 5.34 / 6.45 / 6.06 / 5.54 -> 6.40 / 6.04 / 5.30 / 4.82; IQ1_S 5.88 / 8.31 / 7.26 ->
     // 6.41 / 6.15 / 5.44; IQ1_M 7.32 / 9.66 -> 6.62 / 6.23. At 64 tokens all five 3.67-3.93 -> 2.58-2.63.
