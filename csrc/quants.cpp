@@ -182,8 +182,24 @@ const QuantSearch& search() {
     return *g_search;
 }
 
+// Requantize a q4_K / q5_K super-block's weights against its stored fp16 d / dmin and 6-bit scales and mins
+// (L: levels 0..nmax); a sub-block whose scale is zero keeps the levels of its fit.
+void requant_k_superblock(const float* x, int nmax, uint16_t d16, uint16_t dmin16, const uint8_t* scales12, uint8_t* L) {
+    for (int j = 0; j < 8; ++j) {
+        uint8_t sc, m;
+        scale_min_k4(j, scales12, &sc, &m);
+        const float d = fp16_to_f32(d16) * sc;
+        if (d == 0.f) continue;
+        const float dm = fp16_to_f32(dmin16) * m;
+        for (int ii = 0; ii < 32; ++ii) {
+            const int l = nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)std::max(0, std::min(nmax, l));
+        }
+    }
+}
+
 // Fit 8 sub-block (scale, min) pairs, quantize them to 6 bits against fp16 d / dmin, and
-// requantize the weights against the rounded scales (shared by q4_K and q5_K).
+// requantize the weights against the rounded scales (shared by q4_K and q5_K): quantize_row_q4_K_ref's fit.
 void fit_k_superblock(const float* x, int nmax, uint16_t* d_out, uint16_t* dmin_out, uint8_t* scales12,
                       uint8_t* L) {
     uint8_t Laux[32];
@@ -217,33 +233,71 @@ void fit_k_superblock(const float* x, int nmax, uint16_t* d_out, uint16_t* dmin_
     }
     *d_out = f32_to_fp16(max_scale / 63.f);
     *dmin_out = f32_to_fp16(max_min / 63.f);
-    for (int j = 0; j < 8; ++j) {
-        uint8_t sc, m;
-        scale_min_k4(j, scales12, &sc, &m);
-        const float d = fp16_to_f32(*d_out) * sc;
-        if (d == 0.f) continue;
-        const float dm = fp16_to_f32(*dmin_out) * m;
-        for (int ii = 0; ii < 32; ++ii) {
-            const int l = nearest_int((x[32 * j + ii] + dm) / d);
-            L[32 * j + ii] = (uint8_t)std::max(0, std::min(nmax, l));
-        }
-    }
+    requant_k_superblock(x, nmax, *d_out, *dmin_out, scales12, L);
 }
 
-void quantize_row_q4_K(const float* x, block_q4_K* y, int64_t k) {
+// The same with an importance matrix (quantize_row_q4_K_impl / q5_K_impl): weights qw * sqrt(sigma^2 + x^2),
+// sigma^2 = 2 mean(x^2) over the super-block; make_qkx3_quants per sub-block; the 8 scales and 8 mins fitted to
+// 6 bits by make_qp_quants against the sub-blocks' summed weights (q5_K clamps the codes to 63, q4_K does not).
+void fit_k_superblock_imatrix(const float* x, int nmax, const float* qw, uint16_t* d_out, uint16_t* dmin_out,
+                              uint8_t* scales12, uint8_t* L) {
+    uint8_t Laux[32], Ls[8], Lm[8];
+    float weights[32], sw[8], mins[8], scales[8];
+    float sum_x2 = 0;
+    for (int l = 0; l < QK_K; ++l) sum_x2 += x[l] * x[l];
+    const float sigma2 = 2 * sum_x2 / QK_K;
+    for (int j = 0; j < 8; ++j) {
+        for (int l = 0; l < 32; ++l) weights[l] = qw[32 * j + l] * std::sqrt(sigma2 + x[32 * j + l] * x[32 * j + l]);
+        float sumw = 0;
+        for (int l = 0; l < 32; ++l) sumw += weights[l];
+        sw[j] = sumw;
+        scales[j] = fit_qkx3(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36);
+    }
+    const float d_block = fit_qp(8, 63, scales, Ls, sw);
+    const float m_block = fit_qp(8, 63, mins, Lm, sw);
+    for (int j = 0; j < 8; ++j) {
+        uint8_t ls = Ls[j], lm = Lm[j];
+        if (nmax == 31) {
+            ls = std::min<uint8_t>(63, ls);
+            lm = std::min<uint8_t>(63, lm);
+        }
+        if (j < 4) {
+            scales12[j] = ls;
+            scales12[j + 4] = lm;
+        } else {
+            scales12[j + 4] = (uint8_t)((ls & 0xf) | ((lm & 0xf) << 4));
+            scales12[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            scales12[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    *d_out = f32_to_fp16(d_block);
+    *dmin_out = f32_to_fp16(m_block);
+    requant_k_superblock(x, nmax, *d_out, *dmin_out, scales12, L);
+}
+
+// One super-block's fit: with importance weights (the super-block's share of the row's) or without.
+void fit_k(const float* x, int nmax, const float* qw, uint16_t* d, uint16_t* dmin, uint8_t* scales12, uint8_t* L) {
+    if (qw)
+        fit_k_superblock_imatrix(x, nmax, qw, d, dmin, scales12, L);
+    else
+        fit_k_superblock(x, nmax, d, dmin, scales12, L);
+}
+
+// qw: the row's importance matrix (k floats) or nullptr
+void quantize_row_q4_K(const float* x, block_q4_K* y, int64_t k, const float* qw = nullptr) {
     uint8_t L[QK_K];
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        fit_k_superblock(x, 15, &y[i].d, &y[i].dmin, y[i].scales, L);
+        fit_k(x, 15, qw ? qw + QK_K * i : nullptr, &y[i].d, &y[i].dmin, y[i].scales, L);
         uint8_t* q = y[i].qs;
         for (int j = 0; j < QK_K; j += 64, q += 32)
             for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
     }
 }
 
-void quantize_row_q5_K(const float* x, block_q5_K* y, int64_t k) {
+void quantize_row_q5_K(const float* x, block_q5_K* y, int64_t k, const float* qw = nullptr) {
     uint8_t L[QK_K];
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        fit_k_superblock(x, 31, &y[i].d, &y[i].dmin, y[i].scales, L);
+        fit_k(x, 31, qw ? qw + QK_K * i : nullptr, &y[i].d, &y[i].dmin, y[i].scales, L);
         std::memset(y[i].qh, 0, sizeof(y[i].qh));
         uint8_t* ql = y[i].qs;
         uint8_t m1 = 1, m2 = 2;
@@ -264,13 +318,16 @@ void quantize_row_q5_K(const float* x, block_q5_K* y, int64_t k) {
     }
 }
 
-void quantize_row_q6_K(const float* x, block_q6_K* y, int64_t k) {
+// q6_K: each group of 16 fitted by make_qx_quants (weights x^2, or with an importance matrix its values:
+// quantize_row_q6_K_impl), the 16 scales to int8 against the largest.
+void quantize_row_q6_K(const float* x, block_q6_K* y, int64_t k, const float* qw = nullptr) {
     int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
         float max_scale = 0, max_abs_scale = 0;
         for (int ib = 0; ib < QK_K / 16; ++ib) {
-            const float scale = search().qx(16, 32, x + 16 * ib, L + 16 * ib);
+            const float scale = qw ? fit_qx_weighted(16, 32, x + 16 * ib, L + 16 * ib, qw + QK_K * i + 16 * ib)
+                                   : search().qx(16, 32, x + 16 * ib, L + 16 * ib);
             scales[ib] = scale;
             if (std::fabs(scale) > max_abs_scale) {
                 max_abs_scale = std::fabs(scale);
@@ -640,6 +697,20 @@ void quantize_act_rows(Type t, const float* X, int64_t m0, int64_t m1, int64_t K
                 std::memcpy(out + m * rb, X + m * K, K * sizeof(float));
                 break;
         }
+    }
+}
+
+void quantize_k_rows(Type t, const float* src, uint8_t* dst, int64_t nrow, int64_t n_per_row, const float* quant_weights) {
+    const size_t rb = row_bytes(*type_info((int32_t)t), n_per_row);
+    for (int64_t r = 0; r < nrow; r++) {
+        const float* x = src + r * n_per_row;
+        uint8_t* y = dst + r * rb;
+        if (t == Type::Q4_K)
+            quantize_row_q4_K(x, (block_q4_K*)y, n_per_row, quant_weights);
+        else if (t == Type::Q5_K)
+            quantize_row_q5_K(x, (block_q5_K*)y, n_per_row, quant_weights);
+        else if (t == Type::Q6_K)
+            quantize_row_q6_K(x, (block_q6_K*)y, n_per_row, quant_weights);
     }
 }
 

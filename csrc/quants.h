@@ -27,8 +27,20 @@ bool quantize_row_lowbit(Type t, const float* x, uint8_t* y, int64_t k);
 // tensor (n_per_row floats, the same for every row) or nullptr. False for a type it does not handle.
 bool quantize_rows_lowbit(Type t, const float* src, uint8_t* dst, int64_t nrow, int64_t n_per_row,
                           const float* quant_weights);
-// Whether quantize_rows_lowbit handles t (the types here whose quantizers use an importance matrix).
+// Whether quantize_rows_lowbit handles t (the types whose quantizers use an importance matrix: those above,
+// and Q4_K, Q5_K, Q6_K through quantize_k_rows).
 bool takes_imatrix(Type t);
+
+// Q4_K, Q5_K and Q6_K rows (quants.cpp): without quant_weights ggml's reference quantizers (quantize_rows'),
+// with them byte for byte as ggml_quantize_chunk (quantize_row_q4_K_impl, q5_K, q6_K).
+void quantize_k_rows(Type t, const float* src, uint8_t* dst, int64_t nrow, int64_t n_per_row, const float* quant_weights);
+
+// ggml's weighted fits (quants_kquant_low.cpp), float for float: make_qkx3_quants with weights and without
+// use_mad (fit_qkx3), make_qp_quants (fit_qp), make_qx_quants with rmse_type 1 and weights (fit_qx_weighted).
+float fit_qkx3(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min, uint8_t* Laux,
+               float rmin, float rdelta, int nstep);
+float fit_qp(int n, int nmax, const float* x, uint8_t* L, const float* quant_weights);
+float fit_qx_weighted(int n, int nmax, const float* x, int8_t* L, const float* qw);
 
 // Round to nearest, ties to even, via the float mantissa (ggml's nearest_int; |f| <= 2^22).
 inline int nearest_int(float f) {

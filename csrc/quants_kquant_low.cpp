@@ -32,6 +32,8 @@ void pack_2bit(const uint8_t* L, uint8_t* qs) {
 
 // ---- Q2_K ----
 
+}  // namespace
+
 // make_qkx2_quants' fit by weighted least squares with candidates clipped into 0..nmax before rounding
 // (make_qkx3_quants with weights, no use_mad).
 float fit_qkx3(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min, uint8_t* Laux,
@@ -164,6 +166,8 @@ float fit_qp(int n, int nmax, const float* x, uint8_t* L, const float* quant_wei
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
+namespace {
+
 // Requantize the weights against the stored (fp16 d, dmin; 4-bit scale and min) groups and pack the block;
 // a group whose scale is zero keeps the levels of its fit.
 void finish_q2_K(const float* x, block_q2_K& y, float dm, float mm, uint8_t* L) {
@@ -287,6 +291,8 @@ float fit_q3(int n, int nmax, const float* x, int8_t* L) {
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
+}  // namespace
+
 // make_qx_quants with rmse_type 1 and weights qw: the best of 19 scales -(nmax + 0.1 is) / max by weighted
 // least squares; L = l + nmax.
 float fit_qx_weighted(int n, int nmax, const float* x, int8_t* L, const float* qw) {
@@ -330,6 +336,8 @@ float fit_qx_weighted(int n, int nmax, const float* x, int8_t* L, const float* q
     }
     return scale;
 }
+
+namespace {
 
 // Store group j's 6-bit scale code l (0..63) in q3_K's 12 scale bytes (zeroed first).
 inline void put_scale_q3_K(uint8_t* s12, int j, int l) {
@@ -536,12 +544,17 @@ void quantize_iq4_super(int n, const float* x, uint16_t* dh, uint8_t* q4, uint16
 }  // namespace
 
 bool takes_imatrix(Type t) {
-    return t == Type::Q2_K || t == Type::Q3_K || t == Type::IQ4_NL || t == Type::IQ4_XS;
+    return t == Type::Q2_K || t == Type::Q3_K || t == Type::IQ4_NL || t == Type::IQ4_XS || t == Type::Q4_K ||
+           t == Type::Q5_K || t == Type::Q6_K;
 }
 
 bool quantize_rows_lowbit(Type t, const float* src, uint8_t* dst, int64_t nrow, int64_t n_per_row,
                           const float* quant_weights) {
     if (!takes_imatrix(t)) return false;
+    if (t == Type::Q4_K || t == Type::Q5_K || t == Type::Q6_K) {  // (quants.cpp, with their reference quantizers)
+        quantize_k_rows(t, src, dst, nrow, n_per_row, quant_weights);
+        return true;
+    }
     const TypeInfo& ti = *type_info((int32_t)t);
     const int64_t nb = n_per_row / ti.block_size;
     const size_t rb = row_bytes(ti, n_per_row);

@@ -1,4 +1,5 @@
-"""The Q2_K, Q3_K, IQ4_NL and IQ4_XS quantizers (csrc/quants_kquant_low.cpp) write llama.cpp b11434's bytes:
+"""The Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS quantizers (csrc/quants_kquant_low.cpp, csrc/quants.cpp)
+write llama.cpp b11434's bytes:
 tests/data/ggml_quants_b11434.npz holds ggml_quantize_chunk's output on fixed rows (ordinary weights,
 outliers, tiny and graded magnitudes, constant rows, zeros, sparse and one-signed rows), without and with an
 importance matrix, made by bench/native/ggml_quantize_fixture.py from llama.cpp's own libggml-base; every
@@ -13,11 +14,23 @@ import pytest
 from clover_cpu import kernels
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "ggml_quants_b11434.npz")
-TYPES = ["q2_k", "q3_k", "iq4_nl", "iq4_xs"]
+TYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
 CASES = ["gauss", "outliers", "tiny", "const", "zeros", "sparse"]
 BF16_CASES = ["outliers", "tiny", "sparse"]  # rows that hold bf16 values
 # relative RMS error of the dequantized rows (Gaussian-like rows sit near 0.30, 0.16, 0.08, 0.08)
-REL_RMS = {"q2_k": 0.40, "q3_k": 0.20, "iq4_nl": 0.13, "iq4_xs": 0.13}
+REL_RMS = {"q2_k": 0.40, "q3_k": 0.20, "q4_k": 0.13, "q5_k": 0.07, "q6_k": 0.05, "iq4_nl": 0.13, "iq4_xs": 0.13}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reference_search():
+    """ggml's own search for the plain q4_K / q5_K / q6_K quantizers (clover-cpu's default is a SIMD twin of
+    it, which picks other quants in rare near-ties: tests/test_formats.py); the importance-matrix paths take
+    no search of that kind."""
+    from clover_cpu import _core
+
+    _core.set_fast_quant_search(False)
+    yield
+    _core.set_fast_quant_search(True)
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +103,10 @@ def test_dequantized_near_input(fixture, t, imatrix):
         y = kernels.dequantize(quantize_case(fixture, t, case, imatrix), t).astype(np.float64)
         assert np.isfinite(y).all()
         # never further from a value than the row's largest magnitude (all-zero output for rows whose fp16
-        # scales underflow)
-        assert (np.abs(y - x).max(1) <= np.abs(x).max(1)).all(), case
+        # scales underflow); q5_K's fp16 dmin goes subnormal on "tiny"'s 1e-5 row, where ggml's own bytes
+        # (equal to ours) land up to 1.6x that far, so for q5_K the rows with scales well inside fp16's range
+        near = np.abs(y - x).max(1) <= np.abs(x).max(1)
+        assert (near if t != "q5_k" else near | (np.sqrt(np.mean(x ** 2, axis=1)) <= 1e-4)).all(), case
         rms = np.sqrt(np.mean(x ** 2, axis=1))
         live = rms > 1e-4  # scales well inside fp16's range
         rel = np.sqrt(np.mean((y - x) ** 2, axis=1))[live] / rms[live]
@@ -102,7 +117,7 @@ def test_dequantized_near_input(fixture, t, imatrix):
 def test_imatrix_errors(fixture):
     x = fixture["x_gauss"]
     with pytest.raises(ValueError, match="takes no importance matrix"):
-        kernels.quantize(x, "q4_k", imatrix=fixture["imatrix_gauss"])
+        kernels.quantize(x, "q8_0", imatrix=fixture["imatrix_gauss"])
     with pytest.raises(ValueError, match="imatrix has 512 values for rows of 1024"):
         kernels.quantize(x, "q2_k", imatrix=fixture["imatrix_gauss"][:512].copy())
     with pytest.raises(ValueError, match="float32"):
