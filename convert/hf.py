@@ -36,7 +36,7 @@ GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8
 BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32,
          "q4_k": 256, "q5_k": 256, "q6_k": 256, "q2_k": 256, "q3_k": 256, "iq4_xs": 256}
 # the formats whose quantizers take an importance matrix (llama-quantize also uses one for q4_K..q6_K)
-IMATRIX_TYPES = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"}
+IMATRIX_TYPES = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_xs"}
 CHUNK_VALUES = 1 << 24  # float32 values per work chunk (64 MB): bounds the converter's memory
 
 
@@ -487,8 +487,8 @@ def convert(src: str | Path, out: str | Path, *, out_type: str = "q4_k_m", threa
     """Convert the checkpoint folder src into the GGUF file out. Returns a summary dict. mtp: keep a
     multi-token-prediction head (as llama.cpp's converter does; False: leave it out). split_max_size: write
     parts of at most this many bytes of tensor data, llama.cpp's split format (OUT-00001-of-0000K.gguf).
-    imatrix: llama.cpp's importance matrix (llama-imatrix's GGUF or legacy .dat) for every q2_K, q3_K, q4_K,
-    q5_K, q6_K and iq4 tensor, as llama-quantize uses it."""
+    imatrix: llama.cpp's importance matrix (llama-imatrix's GGUF or legacy .dat) for every tensor whose type's
+    quantizer takes one (the k-quants, q4_0, q4_1, q5_0, q5_1 and iq4), as llama-quantize uses it."""
     from clover_cpu import kernels, set_num_threads
 
     src, out = Path(src), Path(out)

@@ -129,7 +129,7 @@ py::array_t<uint8_t> py_quantize(const py::array& x, const std::string& type, bo
     if (imatrix) {
         if (!takes_imatrix(ti.type))
             fail(std::string("the ") + ti.name +
-                 " quantizer takes no importance matrix (q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl and iq4_xs do)");
+                 " quantizer takes no importance matrix (q2_k .. q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl and iq4_xs do)");
         check_array<float>(*imatrix, "imatrix", 1, "float32");
         if (imatrix->shape(0) != k)
             fail("imatrix has " + std::to_string(imatrix->shape(0)) + " values for rows of " + std::to_string(k));

@@ -28,7 +28,7 @@ bool quantize_row_lowbit(Type t, const float* x, uint8_t* y, int64_t k);
 bool quantize_rows_lowbit(Type t, const float* src, uint8_t* dst, int64_t nrow, int64_t n_per_row,
                           const float* quant_weights);
 // Whether quantize_rows_lowbit handles t (the types whose quantizers use an importance matrix: those above,
-// and Q4_K, Q5_K, Q6_K through quantize_k_rows).
+// Q4_0, Q4_1, Q5_0, Q5_1, and Q4_K, Q5_K, Q6_K through quantize_k_rows).
 bool takes_imatrix(Type t);
 
 // Q4_K, Q5_K and Q6_K rows (quants.cpp): without quant_weights ggml's reference quantizers (quantize_rows'),

@@ -1,12 +1,15 @@
-// Quantizers of Q2_K, Q3_K, IQ4_NL and IQ4_XS, byte for byte as llama.cpp b11434's ggml_quantize_chunk
-// writes them (ggml-quants.c): without an importance matrix quantize_row_q2_K_ref / quantize_row_q3_K_ref,
-// with one quantize_row_q2_K_impl / quantize_row_q3_K_impl (as quantize_q2_K / quantize_q3_K choose), and
-// quantize_row_iq4_nl_impl with 7 tries either way (quantize_iq4_nl / quantize_iq4_xs). The same float
+// Quantizers of Q2_K, Q3_K, IQ4_NL and IQ4_XS, and of Q4_0, Q4_1, Q5_0 and Q5_1 with an importance matrix, byte
+// for byte as llama.cpp b11434's ggml_quantize_chunk writes them (ggml-quants.c): without an importance matrix
+// quantize_row_q2_K_ref / quantize_row_q3_K_ref, with one quantize_row_q2_K_impl / quantize_row_q3_K_impl (as
+// quantize_q2_K / quantize_q3_K choose), quantize_row_iq4_nl_impl with 7 tries either way (quantize_iq4_nl /
+// quantize_iq4_xs), quantize_row_q4_0_impl and its kin; the fits that quants.cpp's q4_K / q5_K / q6_K use
+// with an importance matrix. The same float
 // operations in the same order (the file, as the whole extension, is built with -ffp-contract=off); ggml's
 // MAX / MIN are the ternaries fmax_g / fmin_g below, which differ from std::max / std::min on signed zeros.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "iq_tables.h"
 #include "quants.h"
@@ -541,11 +544,52 @@ void quantize_iq4_super(int n, const float* x, uint16_t* dh, uint8_t* q4, uint16
         for (int j = 0; j < 16; ++j) q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
 }
 
+// ---- blocks of 32 with an importance matrix (quantize_row_q4_0_impl, q4_1, q5_0, q5_1) ----
+
+// Weights qw * sqrt(sigma^2 + x^2), sigma^2 the mean of x^2 over the whole row; q4_0 / q5_0 by make_qx_quants
+// (nmax 8 / 16), q4_1 / q5_1 by make_qkx3_quants (0..15 / 0..31 and a min).
+template <typename Block>
+void quantize_legacy_imatrix(const float* x, Block* y, int64_t n_per_row, const float* quant_weights) {
+    constexpr bool MIN = std::is_same_v<Block, block_q4_1> || std::is_same_v<Block, block_q5_1>;
+    constexpr bool FIVE = std::is_same_v<Block, block_q5_0> || std::is_same_v<Block, block_q5_1>;
+    float weight[QK];
+    int8_t L[QK];
+    uint8_t Lu[QK], Laux[QK];
+    float sum_x2 = 0;
+    for (int64_t j = 0; j < n_per_row; ++j) sum_x2 += x[j] * x[j];
+    const float sigma2 = sum_x2 / n_per_row;
+    for (int64_t ib = 0; ib < n_per_row / QK; ++ib) {
+        const float* xb = x + QK * ib;
+        const float* qw = quant_weights + QK * ib;
+        for (int j = 0; j < QK; ++j) weight[j] = qw[j] * std::sqrt(sigma2 + xb[j] * xb[j]);
+        uint8_t q[QK];
+        if constexpr (MIN) {
+            float min;
+            const float d = fit_qkx3(QK, FIVE ? 31 : 15, xb, weight, Lu, &min, Laux, -0.9f, 0.05f, 36);
+            y[ib].d = f32_to_fp16(d);
+            y[ib].m = f32_to_fp16(-min);
+            std::memcpy(q, Lu, QK);
+        } else {
+            const float d = fit_qx_weighted(QK, FIVE ? 16 : 8, xb, L, weight);
+            y[ib].d = f32_to_fp16(d);
+            for (int j = 0; j < QK; ++j) q[j] = (uint8_t)L[j];
+        }
+        uint32_t qh = 0;
+        for (int j = 0; j < QK / 2; ++j) {
+            y[ib].qs[j] = (uint8_t)((q[j] & 0x0F) | ((q[j + QK / 2] & 0x0F) << 4));
+            qh |= (uint32_t)((q[j] & 0x10u) >> 4) << j;
+            qh |= (uint32_t)((q[j + QK / 2] & 0x10u) >> 4) << (j + QK / 2);
+        }
+        if constexpr (FIVE) std::memcpy(y[ib].qh, &qh, sizeof(qh));
+    }
+}
+
 }  // namespace
 
 bool takes_imatrix(Type t) {
     return t == Type::Q2_K || t == Type::Q3_K || t == Type::IQ4_NL || t == Type::IQ4_XS || t == Type::Q4_K ||
-           t == Type::Q5_K || t == Type::Q6_K;
+           t == Type::Q5_K || t == Type::Q6_K || t == Type::Q4_0 || t == Type::Q4_1 || t == Type::Q5_0 ||
+           t == Type::Q5_1;
 }
 
 bool quantize_rows_lowbit(Type t, const float* src, uint8_t* dst, int64_t nrow, int64_t n_per_row,
@@ -556,6 +600,21 @@ bool quantize_rows_lowbit(Type t, const float* src, uint8_t* dst, int64_t nrow, 
         return true;
     }
     const TypeInfo& ti = *type_info((int32_t)t);
+    if (t == Type::Q4_0 || t == Type::Q4_1 || t == Type::Q5_0 || t == Type::Q5_1) {
+        if (!quant_weights) {  // (their reference quantizers: gguf.quants')
+            quantize_rows(t, src, dst, nrow, n_per_row);
+            return true;
+        }
+        for (int64_t r = 0; r < nrow; r++) {
+            const float* x = src + r * n_per_row;
+            uint8_t* y = dst + r * row_bytes(ti, n_per_row);
+            if (t == Type::Q4_0) quantize_legacy_imatrix(x, (block_q4_0*)y, n_per_row, quant_weights);
+            if (t == Type::Q4_1) quantize_legacy_imatrix(x, (block_q4_1*)y, n_per_row, quant_weights);
+            if (t == Type::Q5_0) quantize_legacy_imatrix(x, (block_q5_0*)y, n_per_row, quant_weights);
+            if (t == Type::Q5_1) quantize_legacy_imatrix(x, (block_q5_1*)y, n_per_row, quant_weights);
+        }
+        return true;
+    }
     const int64_t nb = n_per_row / ti.block_size;
     const size_t rb = row_bytes(ti, n_per_row);
     for (int64_t r = 0; r < nrow; r++) {

@@ -1,5 +1,5 @@
-"""The Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS quantizers (csrc/quants_kquant_low.cpp, csrc/quants.cpp)
-write llama.cpp b11434's bytes:
+"""The Q2_K .. Q6_K, IQ4_NL, IQ4_XS, Q4_0, Q4_1, Q5_0 and Q5_1 quantizers (csrc/quants_kquant_low.cpp,
+csrc/quants.cpp, csrc/quants_lowbit.cpp) write llama.cpp b11434's bytes:
 tests/data/ggml_quants_b11434.npz holds ggml_quantize_chunk's output on fixed rows (ordinary weights,
 outliers, tiny and graded magnitudes, constant rows, zeros, sparse and one-signed rows), without and with an
 importance matrix, made by bench/native/ggml_quantize_fixture.py from llama.cpp's own libggml-base; every
@@ -14,11 +14,12 @@ import pytest
 from clover_cpu import kernels
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "ggml_quants_b11434.npz")
-TYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
+TYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1"]
 CASES = ["gauss", "outliers", "tiny", "const", "zeros", "sparse"]
 BF16_CASES = ["outliers", "tiny", "sparse"]  # rows that hold bf16 values
 # relative RMS error of the dequantized rows (Gaussian-like rows sit near 0.30, 0.16, 0.08, 0.08)
-REL_RMS = {"q2_k": 0.40, "q3_k": 0.20, "q4_k": 0.13, "q5_k": 0.07, "q6_k": 0.05, "iq4_nl": 0.13, "iq4_xs": 0.13}
+REL_RMS = {"q2_k": 0.40, "q3_k": 0.20, "q4_k": 0.13, "q5_k": 0.07, "q6_k": 0.05, "iq4_nl": 0.13, "iq4_xs": 0.13,
+           "q4_0": 0.15, "q4_1": 0.13, "q5_0": 0.12, "q5_1": 0.07}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -103,10 +104,13 @@ def test_dequantized_near_input(fixture, t, imatrix):
         y = kernels.dequantize(quantize_case(fixture, t, case, imatrix), t).astype(np.float64)
         assert np.isfinite(y).all()
         # never further from a value than the row's largest magnitude (all-zero output for rows whose fp16
-        # scales underflow); q5_K's fp16 dmin goes subnormal on "tiny"'s 1e-5 row, where ggml's own bytes
-        # (equal to ours) land up to 1.6x that far, so for q5_K the rows with scales well inside fp16's range
+        # scales underflow); the formats with a min (q5_K, q4_1, q5_1) keep it in fp16, which goes subnormal on
+        # "tiny"'s 1e-5 row, where ggml's own bytes (equal to ours) land up to 1.6x that far: for them the rows
+        # with scales well inside fp16's range
         near = np.abs(y - x).max(1) <= np.abs(x).max(1)
-        assert (near if t != "q5_k" else near | (np.sqrt(np.mean(x ** 2, axis=1)) <= 1e-4)).all(), case
+        if t in ("q5_k", "q4_1", "q5_1"):
+            near |= np.sqrt(np.mean(x ** 2, axis=1)) <= 1e-4
+        assert near.all(), case
         rms = np.sqrt(np.mean(x ** 2, axis=1))
         live = rms > 1e-4  # scales well inside fp16's range
         rel = np.sqrt(np.mean((y - x) ** 2, axis=1))[live] / rms[live]

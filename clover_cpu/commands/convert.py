@@ -29,9 +29,9 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=threads_arg, default=None,
                    help="quantization threads, from 1 to the CPUs available (default: one per physical core)")
     p.add_argument("--imatrix", metavar="FILE", default=None,
-                   help="llama.cpp's importance matrix (from llama-imatrix: GGUF or legacy .dat): every q2_k .. q6_k "
-                   "and iq4 tensor is quantized to keep the columns it weighs most, as llama-quantize does (the "
-                   "k-quant recipes from q2_k to q6_k, iq4_xs and iq4_nl)")
+                   help="llama.cpp's importance matrix (from llama-imatrix: GGUF or legacy .dat): every tensor of a "
+                   "k-quant, q4_0, q4_1, q5_0, q5_1 or iq4 type is quantized to keep the columns it weighs most, as "
+                   "llama-quantize does")
     p.add_argument("--no-mtp", action="store_true",
                    help="leave out a multi-token-prediction head (mtp.* tensors of Qwen3.5 checkpoints); by default it "
                    "is kept as llama.cpp's converter keeps it (an extra block that decoding does not run)")
