@@ -35,7 +35,7 @@ GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8
              "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_nl": 20, "iq4_xs": 23, "bf16": 30}
 BLOCK = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32,
          "q4_k": 256, "q5_k": 256, "q6_k": 256, "q2_k": 256, "q3_k": 256, "iq4_xs": 256}
-# the formats whose quantizers take an importance matrix (llama-quantize also uses one for q4_K..q6_K)
+# the formats whose quantizers take an importance matrix, as in llama-quantize (q8_0's ignores one there too)
 IMATRIX_TYPES = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_xs"}
 CHUNK_VALUES = 1 << 24  # float32 values per work chunk (64 MB): bounds the converter's memory
 

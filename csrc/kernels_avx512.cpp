@@ -1,9 +1,10 @@
 // AVX-512 (F, BW, VL) + VNNI kernels for q4_K, q5_K, q6_K, q4_0, q8_0, q5_0, q4_1, q5_1, iq4_nl and mxfp4, and
 // the layouts repacked at load of q4_K, q3_K, q2_K, iq4_xs, iq3_xxs and iq3_s (with model_ops_avx512.cpp and
-// kernels_avx512_vbmi.cpp the only files compiled with -mavx512*). The iq2 types up to 9-15 tokens run the VBMI
-// kernels of kernels_avx512_vbmi.cpp where the CPU has VBMI and BITALG. Every other format (the iq3 types and q2_K,
-// q3_K in the file's layout, the iq2 types on other CPUs or with more tokens) runs the AVX2 kernels: kernels_avx512()
-// is the AVX2 table with these entries replaced.
+// kernels_avx512_vbmi.cpp the only files compiled with -mavx512*). The low-bit super-block types on the file's
+// layout (q2_K, q3_K, iq4_xs, the iq3, iq2 and iq1 types) run kernel_low256_avx2.h's lane tiles with 256-bit
+// vpdpbusd from 2-8 tokens by type (use_lanes_vnni, near the end); below that the iq2 types run the VBMI kernels
+// of kernels_avx512_vbmi.cpp where the CPU has VBMI and BITALG, and the others AVX2's register tiles. Every other
+// format runs the AVX2 kernels: kernels_avx512() is the AVX2 table with these entries replaced.
 //
 // k-quants: one token (GEMV) runs one weight row at a time, 64 weights per register through
 // vpdpbusd, two registers' sums packed to int16 and vpmaddwd with the sub-block scales; two or more tokens

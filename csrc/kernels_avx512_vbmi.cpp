@@ -1,6 +1,7 @@
 // AVX-512 VBMI + BITALG products of the i-quants with 2-bit grids (iq2_xxs, iq2_xs, iq2_s) for up to 15 tokens
 // (iq2_s: 9); the only file compiled with -mavx512vbmi -mavx512bitalg. The AVX-512 table takes them on CPUs that
-// report both (AMD Zen 4 and later, Intel Ice Lake and later); more tokens keep the AVX2 lane tiles.
+// report both (AMD Zen 4 and later, Intel Ice Lake and later) below its vpdpbusd lane tiles' thresholds (up to
+// 7 / 5 / 4 tokens: kernels_avx512.cpp's use_lanes_vnni).
 //
 // Every byte of these grids is 8, 25 or 43, so an entry of 8 magnitudes is 16 bits of 2-bit codes. Per super-block
 // and row the kernel unpacks in registers, with no scalar table loads (the AVX2 kernel's 32 grid and 32 sign

@@ -21,10 +21,11 @@ bool has_quantizer(Type t);
 bool dequantize_row_lowbit(Type t, const uint8_t* x, float* y, int64_t k);
 bool quantize_row_lowbit(Type t, const float* x, uint8_t* y, int64_t k);
 
-// Q2_K, Q3_K, IQ4_NL and IQ4_XS (quants_kquant_low.cpp): nrow rows of n_per_row floats (a multiple of the
-// block size) into dst, byte for byte as llama.cpp b11434's ggml_quantize_chunk writes them (quantize_q2_K,
-// quantize_q3_K, quantize_iq4_nl, quantize_iq4_xs). quant_weights: the importance matrix row for this
-// tensor (n_per_row floats, the same for every row) or nullptr. False for a type it does not handle.
+// Q2_K, Q3_K, IQ4_NL and IQ4_XS (quants_kquant_low.cpp), and Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K with or
+// without quant_weights: nrow rows of n_per_row floats (a multiple of the block size) into dst, byte for byte
+// as llama.cpp b11434's ggml_quantize_chunk writes them (quantize_q2_K, quantize_q3_K, quantize_iq4_nl,
+// quantize_iq4_xs, quantize_q4_0, ...). quant_weights: the importance matrix row for this tensor (n_per_row
+// floats, the same for every row) or nullptr. False for a type it does not handle.
 bool quantize_rows_lowbit(Type t, const float* src, uint8_t* dst, int64_t nrow, int64_t n_per_row,
                           const float* quant_weights);
 // Whether quantize_rows_lowbit handles t (the types whose quantizers use an importance matrix: those above,
