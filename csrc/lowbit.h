@@ -154,6 +154,15 @@ inline uint16_t iq1m_d(const block_iq1_m& b) {
     return (uint16_t)((w[0] >> 12) | ((w[1] >> 8) & 0x00f0) | ((w[2] >> 4) & 0x0f00) | (w[3] & 0xf000));
 }
 
+// Store fp16 d in iq1_m's scale words (the inverse of iq1m_d; the 3-bit scales below stay), for tests and benches
+// that make blocks of random bytes.
+inline void iq1m_set_d(block_iq1_m& b, uint16_t d) {
+    uint16_t w[4];
+    iq1m_words(b, w);
+    for (int k = 0; k < 4; k++) w[k] = (uint16_t)((w[k] & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12));
+    std::memcpy(b.scales, w, 8);
+}
+
 inline void unpack_iq1_m(const block_iq1_m& b, SuperInts& s) {
     for (int i = 0; i < 32; i++) {
         const int h = (b.qh[i / 2] >> (4 * (i % 2))) & 0xf;

@@ -553,8 +553,7 @@ void quantize_legacy_imatrix(const float* x, Block* y, int64_t n_per_row, const 
     constexpr bool MIN = std::is_same_v<Block, block_q4_1> || std::is_same_v<Block, block_q5_1>;
     constexpr bool FIVE = std::is_same_v<Block, block_q5_0> || std::is_same_v<Block, block_q5_1>;
     float weight[QK];
-    int8_t L[QK];
-    uint8_t Lu[QK], Laux[QK];
+    uint8_t L[QK], Laux[QK];  // levels 0 .. 2^bits - 1 (make_qx_quants' l + nmax, or make_qkx3_quants')
     float sum_x2 = 0;
     for (int64_t j = 0; j < n_per_row; ++j) sum_x2 += x[j] * x[j];
     const float sigma2 = sum_x2 / n_per_row;
@@ -562,25 +561,20 @@ void quantize_legacy_imatrix(const float* x, Block* y, int64_t n_per_row, const 
         const float* xb = x + QK * ib;
         const float* qw = quant_weights + QK * ib;
         for (int j = 0; j < QK; ++j) weight[j] = qw[j] * std::sqrt(sigma2 + xb[j] * xb[j]);
-        uint8_t q[QK];
         if constexpr (MIN) {
             float min;
-            const float d = fit_qkx3(QK, FIVE ? 31 : 15, xb, weight, Lu, &min, Laux, -0.9f, 0.05f, 36);
+            const float d = fit_qkx3(QK, FIVE ? 31 : 15, xb, weight, L, &min, Laux, -0.9f, 0.05f, 36);
             y[ib].d = f32_to_fp16(d);
             y[ib].m = f32_to_fp16(-min);
-            std::memcpy(q, Lu, QK);
         } else {
-            const float d = fit_qx_weighted(QK, FIVE ? 16 : 8, xb, L, weight);
-            y[ib].d = f32_to_fp16(d);
-            for (int j = 0; j < QK; ++j) q[j] = (uint8_t)L[j];
+            y[ib].d = f32_to_fp16(fit_qx_weighted(QK, FIVE ? 16 : 8, xb, (int8_t*)L, weight));
         }
-        uint32_t qh = 0;
-        for (int j = 0; j < QK / 2; ++j) {
-            y[ib].qs[j] = (uint8_t)((q[j] & 0x0F) | ((q[j + QK / 2] & 0x0F) << 4));
-            qh |= (uint32_t)((q[j] & 0x10u) >> 4) << j;
-            qh |= (uint32_t)((q[j + QK / 2] & 0x10u) >> 4) << (j + QK / 2);
+        for (int j = 0; j < QK / 2; ++j) y[ib].qs[j] = (uint8_t)((L[j] & 0x0F) | ((L[j + QK / 2] & 0x0F) << 4));
+        if constexpr (FIVE) {
+            uint32_t qh = 0;
+            for (int j = 0; j < QK; ++j) qh |= (uint32_t)((L[j] & 0x10u) >> 4) << j;
+            std::memcpy(y[ib].qh, &qh, sizeof(qh));
         }
-        if constexpr (FIVE) std::memcpy(y[ib].qh, &qh, sizeof(qh));
     }
 }
 

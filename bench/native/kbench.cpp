@@ -23,6 +23,7 @@
 
 #include "dispatch.h"
 #include "formats.h"
+#include "lowbit.h"
 #include "kernels.h"
 #include "quants.h"
 
@@ -126,11 +127,7 @@ int main(int argc, char** argv) {
             if (tq == Type::MXFP4) {
                 wq[o] = 120;
             } else if (tq == Type::IQ1_M) {  // d in the top nibbles of the 4 scale words
-                const uint16_t d = f32_to_fp16(0.01f * (1 + (wq[o] & 7)));
-                uint16_t sw[4];
-                std::memcpy(sw, &wq[o + offsetof(block_iq1_m, scales)], 8);
-                for (int k = 0; k < 4; k++) sw[k] = (uint16_t)((sw[k] & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12));
-                std::memcpy(&wq[o + offsetof(block_iq1_m, scales)], sw, 8);
+                iq1m_set_d(*(block_iq1_m*)&wq[o], f32_to_fp16(0.01f * (1 + (wq[o] & 7))));
             } else {
                 const uint16_t d = f32_to_fp16(0.01f * (1 + (wq[o] & 7)));
                 std::memcpy(&wq[o], &d, 2);

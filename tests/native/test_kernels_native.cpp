@@ -16,6 +16,7 @@
 
 #include "dispatch.h"
 #include "formats.h"
+#include "lowbit.h"
 #include "kernels.h"
 #include "model_ops.h"
 #include "ops.h"
@@ -177,14 +178,7 @@ void fill_raw_blocks(std::mt19937& rng, Type t, uint8_t* data, size_t n_blocks) 
             case Type::IQ2_S: case Type::IQ3_XXS: case Type::IQ3_S: case Type::IQ1_S:
                 set_half(0);  // (d first)
                 break;
-            case Type::IQ1_M: {  // d in the top nibbles of the 4 scale words
-                const uint16_t h = f32_to_fp16(scale(rng));
-                uint16_t w[4];
-                std::memcpy(w, blk + offsetof(block_iq1_m, scales), 8);
-                for (int k = 0; k < 4; k++) w[k] = (uint16_t)((w[k] & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
-                std::memcpy(blk + offsetof(block_iq1_m, scales), w, 8);
-                break;
-            }
+            case Type::IQ1_M: iq1m_set_d(*(block_iq1_m*)blk, f32_to_fp16(scale(rng))); break;  // (d in the scale words)
             default: break;
         }
     }
