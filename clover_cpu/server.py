@@ -654,26 +654,38 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
     created = int(time.time())
     model_name = state.settings.alias
 
-    waiting: list = []  # the pending queue.get(), kept across timeouts so that no event is lost
+    waiting: list = []  # the pending queue.get(), kept across calls so that no event is lost
+    gone: list = []  # the task that waits for the client's disconnect (created on the first watched wait)
     GONE = ("gone", None)
+
+    async def client_gone() -> None:
+        # The request body has been read whole, so the ASGI channel's next message is http.disconnect: the
+        # server sends it when the connection closes (or once the response is complete, by then unwatched).
+        try:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # (a channel that fails cannot deliver the reply either: the same as a disconnect)
+            pass
 
     async def next_event(watch: bool):
         """The engine's next (kind, payload), None after its last; GONE when `watch` and the client has
-        disconnected meanwhile (its job is cancelled then)."""
-        while True:
-            if not waiting:
-                waiting.append(asyncio.ensure_future(queue.get()))
-            done, _ = await asyncio.wait(waiting, timeout=0.25)
-            if done:
-                kind, payload = waiting.pop().result()
-                return None if kind == "end" else (kind, payload)
-            if watch and await request.is_disconnected():
-                job.cancel()
-                return GONE
+        disconnected meanwhile (its job is cancelled then, before the engine's next forward). The disconnect
+        is awaited beside the events, not polled between them: a model that emits tokens every forward
+        would otherwise never leave time for the poll."""
+        if not waiting:
+            waiting.append(asyncio.ensure_future(queue.get()))
+        if watch and not gone:
+            gone.append(asyncio.ensure_future(client_gone()))
+        done, _ = await asyncio.wait(waiting + (gone if watch else []), return_when=asyncio.FIRST_COMPLETED)
+        if waiting[0] in done:
+            kind, payload = waiting.pop().result()
+            return None if kind == "end" else (kind, payload)
+        job.cancel()
+        return GONE
 
     def let_go():
         job.cancel()  # (no effect once the job has ended)
-        for w in waiting:
+        for w in waiting + gone:
             w.cancel()
 
     generated = 0  # tokens given to the reply (the usage after a stop string, which ends the job early)
@@ -755,6 +767,9 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
         if first is GONE:
             return JSONResponse(error_body("client disconnected"), status_code=499)
         raise _engine_error(first[1])
+    for w in gone:  # (from here the streaming response watches the connection itself)
+        w.cancel()
+    gone.clear()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def chunk(delta: dict | None = None, finish=None, text: str | None = None, extra: dict | None = None) -> str:

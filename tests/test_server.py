@@ -246,6 +246,30 @@ def test_disconnect_cancels_generation(server):
     assert server.engine.active == 0 or time.monotonic() < deadline
 
 
+def test_disconnect_cancels_non_streamed_generation(server):
+    # a client that gives up on a plain (non-streamed) request, as a timed-out HTTP client does: its job stops
+    # at once, not after the 500 tokens it asked for (one token per forward in blocks of 32: ~2 s of work)
+    m = server.engine.metrics
+    cancelled, generated = m.requests_cancelled, m.generated_tokens_total
+    body = json.dumps({"prompt": "x", "max_tokens": 500, "ignore_eos": True, "threshold": 1.0,
+                       "block_length": 32}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        deadline = time.monotonic() + 10
+        while m.generated_tokens_total == generated and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert m.generated_tokens_total > generated  # the job runs
+    deadline = time.monotonic() + 10
+    while m.requests_cancelled == cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert m.requests_cancelled == cancelled + 1
+    while server.engine.active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.engine.active == 0
+    assert m.generated_tokens_total - generated < 400  # stopped early, not run to its end
+
+
 def test_api_key_and_queue_limit():
     s = LiveServer(Settings(SHIPPED, parallel=1, max_queue=0, api_key="s3cret", threads=1))
     try:
