@@ -65,15 +65,15 @@ class Recorder:
         self.stack = model._stack
         model._stack = StackProbe(self.stack, lambda n: self._experts.append(n))
 
-        def logged_run(cache, tokens, *, commit, block=None, logits=True):
+        def logged_run(cache, tokens, *, commit, block=None, logits=True, rows=None):
             self._experts = []
             n0 = cache.n
             t0 = time.perf_counter()
-            out = run(cache, tokens, commit=commit, block=block, logits=logits)
+            out = run(cache, tokens, commit=commit, block=block, logits=logits, rows=rows)
             dt = time.perf_counter() - t0
             T = len(tokens)
             self.calls.append({"T": T, "commit": T if commit is True else int(commit), "n": n0, "seconds": dt,
-                               "rows": T if logits else 0,
+                               "rows": (T if rows is None else len(rows)) if logits else 0,
                                "experts_by_layer": list(self._experts)})
             return out
 
@@ -240,10 +240,12 @@ def replay(args) -> int:
     for t in traces:
         c = m.new_cache()
         for i, f in enumerate(t["forwards"]):
-            h = m.run(c, toks(f["T"]), commit=f["commit"], block=B, logits=False)
             rows = f.get("rows", f["T"])  # (traces recorded before the decoder chose its rows: all of them)
+            # the trace keeps how many rows were read, not which: the span's last ones (a fused commit reads
+            # the next block's; the last layer's cost depends on the count alone)
+            h = m.run(c, toks(f["T"]), commit=f["commit"], block=B, logits=False, rows=range(f["T"] - rows, f["T"]))
             if rows:
-                m.logits(np.ascontiguousarray(h[:rows]))
+                m.logits(h)
             call = rec.calls[-1]
             if i == 0 and t["prompt_tokens"] >= B and f["commit"] == f["T"]:
                 diff["prefill_seconds"] += call["seconds"]
@@ -258,7 +260,7 @@ def replay(args) -> int:
     ar = {"seconds": 0.0, "forwards": 0, "generated": 0}
     for t in traces:
         c = m.new_cache()
-        m.run(c, toks(t["prompt_tokens"]), commit=True, logits=False)
+        m.run(c, toks(t["prompt_tokens"]), commit=True, logits=False, rows=[])
         for _ in range(t["generated"]):
             h = m.run(c, toks(1), commit=True, logits=False)
             m.logits(h)

@@ -55,7 +55,7 @@ class CloverEngine:
             self.cache.clear()  # as llama.cpp keeps its KV buffer: no fresh pages to fault in
 
     def eval(self, ids: list[int]):
-        h = self.m.run(self.cache, ids, commit=True, logits=False)[-1:]
+        h = self.m.run(self.cache, ids, commit=True, logits=False, rows=[len(ids) - 1])
         return self.m.logits(h)[0]  # the last position's logits only, as llama.cpp computes them
 
     def info(self) -> dict:

@@ -278,10 +278,19 @@ class Forward:
     rows: list
 
 
+def span_rows(rows) -> tuple[np.ndarray, np.ndarray]:
+    """A Forward's rows as Model.run takes them (ascending, each once), and where each of `rows` is
+    among them."""
+    r = np.asarray(rows, dtype=np.int64).reshape(-1)
+    srt = np.unique(r)
+    return srt, np.searchsorted(srt, r)
+
+
 def run_forward(model, f: Forward):
-    """What a driver answers to one Forward, run alone."""
-    h = model.run(f.cache, f.tokens, commit=f.commit, block=f.block, logits=False)
-    return model.logits(np.ascontiguousarray(h[f.rows])) if f.rows else None
+    """What a driver answers to one Forward, run alone (the last layer's output only for its rows)."""
+    srt, where = span_rows(f.rows)
+    h = model.run(f.cache, f.tokens, commit=f.commit, block=f.block, logits=False, rows=srt)
+    return model.logits(np.ascontiguousarray(h[where])) if f.rows else None
 
 
 # ---- the loop ----

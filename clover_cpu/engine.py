@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .decode import Event, Forward, Options, decode_steps
+from .decode import Event, Forward, Options, decode_steps, span_rows
 
 
 class QueueFull(Exception):
@@ -224,8 +224,9 @@ class Engine:
         t0 = time.perf_counter()
         fwds = [j.pending for j in jobs]
         try:
-            hs = self.model.run_batch([(f.cache, f.tokens, f.commit, f.block) for f in fwds])
-            rows = [h[f.rows] for h, f in zip(hs, fwds) if f.rows]
+            picks = [span_rows(f.rows) for f in fwds]
+            hs = self.model.run_batch([(f.cache, f.tokens, f.commit, f.block, srt) for f, (srt, _) in zip(fwds, picks)])
+            rows = [h[where] for h, f, (_, where) in zip(hs, fwds, picks) if f.rows]
             logits = self.model.logits(np.concatenate(rows)) if rows else None
         except Exception as e:  # the model failed (corrupt weights, out of memory): these jobs fail
             failed = ForwardFailed(f"the forward failed: {type(e).__name__}: {e}")

@@ -458,29 +458,38 @@ class Model:
 
     # -- spans --
 
-    def run(self, cache: Cache, tokens, *, commit: bool | int, block: int | None = None, logits: bool = True) -> np.ndarray:
+    def run(self, cache: Cache, tokens, *, commit: bool | int, block: int | None = None, logits: bool = True,
+            rows=None) -> np.ndarray:
         """Run tokens at positions cache.n .. cache.n + T - 1 from the committed caches.
 
         commit=False is speculative: the caches are read, never written. commit=True writes the span's
         keys/values and the GDN states and advances cache.n; an int n commits only the first n tokens
         (the rest run speculatively after them: a block's commit fused with the next block's first step). block=None gives causal attention; an int B
         gives Clover's block-causal attention (a token sees every token of its own B-block). Returns
-        float32 logits [T, vocab] (or the final hidden states if logits=False)."""
+        float32 logits [T, vocab] (or the final hidden states if logits=False). rows (ascending indices
+        into the span) returns those positions' only: the last layer then computes its output for them
+        alone (every position's keys, values and states are still written), as llama.cpp does for the
+        positions whose logits nobody reads; rows=[] runs the span for its caches alone."""
         c = self.config
         self.file.check_unchanged()
         ids, commit, block = self._check_span(cache, tokens, commit, block)
-        if ids.size == 0:
+        rows = self._check_rows(rows, ids.size)
+        if ids.size == 0 or (rows is not None and rows.size == 0 and commit == 0):
             return np.zeros((0, c.vocab_size if logits else c.n_embd), np.float32)
         pos = np.arange(cache.n, cache.n + ids.size, dtype=np.int32)
         x = kernels.dequantize(np.ascontiguousarray(self.embed.data[ids]), self.embed.fmt)
         prefetch = self._prefetching
+        last = len(self.layers) - 1
         for i, L in enumerate(self.layers):
+            out = rows if i == last else None  # (the last layer: only the rows read)
             if self.fused:  # x updated in place, two C++ calls
                 if c.recurrent[i]:
                     self._stack.gdn(i, x, *cache.gdn_state(i, c), commit)
                 else:
                     cache.reserve(i, cache.n + ids.size, self.kv_row, self.kv_dtype)
-                    self._stack.attn(i, x, cache.k[i], cache.v[i], cache.n, block)
+                    self._stack.attn(i, x, cache.k[i], cache.v[i], cache.n, block, out)
+                if out is not None:
+                    x = np.ascontiguousarray(x[out])
                 self.last_experts_used = self._stack.moe(i, x, prefetch)
                 continue
             h = rmsnorm(x, L["attn_norm"], c.eps)
@@ -488,12 +497,24 @@ class Model:
                 x += self._gated_deltanet(i, L, h, cache, commit)
             else:
                 x += self._attention(i, L, h, pos, cache, commit, block)
+            if out is not None:
+                x = np.ascontiguousarray(x[out])
             x += self._moe(L, rmsnorm(x, L["post_norm"], c.eps), prefetch)
         self._update_prefetch()
         cache.n += commit
         cache.tokens.extend(ids[:commit].tolist())
         h = rmsnorm(x, self.output_norm, c.eps)
         return self.logits(h) if logits else h
+
+    @staticmethod
+    def _check_rows(rows, T: int) -> np.ndarray | None:
+        """rows as `run` takes them: None, or ascending indices in [0, T) (as an int64 array)."""
+        if rows is None:
+            return None
+        r = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if r.size and (r[0] < 0 or r[-1] >= T or (np.diff(r) <= 0).any()):
+            raise ValueError(f"rows must be ascending indices in [0, {T})")
+        return r
 
     def _check_span(self, cache: Cache, tokens, commit, block):
         """A span's token ids, commit count and block as `run` takes them, checked against the vocabulary and
@@ -517,31 +538,40 @@ class Model:
 
     def run_batch(self, spans) -> list[np.ndarray]:
         """Several sequences' spans in one forward (continuous batching): spans is a list of
-        (cache, tokens, commit, block), each as `run` takes them, every cache a different sequence's.
-        The projections and experts run once over all the spans' tokens (one product per weight); each
-        span's attention and recurrent state use its own cache. Returns each span's final hidden states
-        [T_i, hidden] (as `run(..., logits=False)`); the same results as one `run` per span up to float
-        summation order (a product over more tokens may take another kernel path)."""
+        (cache, tokens, commit, block) or (cache, tokens, commit, block, rows), each as `run` takes them,
+        every cache a different sequence's. The projections and experts run once over all the spans'
+        tokens (one product per weight); each span's attention and recurrent state use its own cache.
+        Returns each span's final hidden states [T_i, hidden] (as `run(..., logits=False)`; [len(rows),
+        hidden] where rows are given); the same results as one `run` per span up to float summation order
+        (a product over more tokens may take another kernel path)."""
         c = self.config
+        spans = [tuple(s) + (None,) * (5 - len(s)) for s in spans]
         if len(spans) == 1 or not self.fused:
-            return [self.run(cache, tokens, commit=commit, block=block, logits=False)
-                    for cache, tokens, commit, block in spans]
+            return [self.run(cache, tokens, commit=commit, block=block, logits=False, rows=rows)
+                    for cache, tokens, commit, block, rows in spans]
         self.file.check_unchanged()
-        ids_all, items = [], []
+        ids_all, items, out = [], [], []
         t = 0
-        for cache, tokens, commit, block in spans:
+        for cache, tokens, commit, block, rows in spans:
             if any(cache is it[0] for it in items):
                 raise ValueError("run_batch: each span needs its own cache")
             ids, commit, block = self._check_span(cache, tokens, commit, block)
+            rows = self._check_rows(rows, ids.size)
+            out.append(np.arange(t, t + ids.size) if rows is None else rows + t)
             items.append((cache, ids, commit, block, t, t + ids.size))
             ids_all.append(ids)
             t += ids.size
         if t == 0:
             return [np.zeros((0, c.n_embd), np.float32) for _ in spans]
         ids = np.concatenate(ids_all)
+        out_rows = np.concatenate(out)  # the rows any span reads: the last layer's output is computed for them
+        if out_rows.size == t:
+            out_rows = None
         x = kernels.dequantize(np.ascontiguousarray(self.embed.data[ids]), self.embed.fmt)
         prefetch = self._prefetching
+        last = len(self.layers) - 1
         for i in range(len(self.layers)):
+            sel = out_rows if i == last else None
             if c.recurrent[i]:
                 self._stack.gdn_batch(i, x, [(t0, t1, *cache.gdn_state(i, c), commit)
                                              for cache, _, commit, _, t0, t1 in items])
@@ -549,14 +579,17 @@ class Model:
                 for cache, ids_i, _, _, _, _ in items:
                     cache.reserve(i, cache.n + ids_i.size, self.kv_row, self.kv_dtype)
                 self._stack.attn_batch(i, x, [(t0, t1, cache.k[i], cache.v[i], cache.n, block)
-                                              for cache, _, _, block, t0, t1 in items])
+                                              for cache, _, _, block, t0, t1 in items], sel)
+            if sel is not None:
+                x = np.ascontiguousarray(x[sel])
             self.last_experts_used = self._stack.moe(i, x, prefetch)
         self._update_prefetch()
         for cache, ids_i, commit, _, _, _ in items:
             cache.n += commit
             cache.tokens.extend(ids_i[:commit].tolist())
         h = rmsnorm(x, self.output_norm, c.eps)
-        return [h[t0:t1] for _, _, _, _, t0, t1 in items]
+        bounds = np.cumsum([0] + [len(o) for o in out])  # each span's rows of h, in order
+        return [h[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
     def logits(self, h: np.ndarray) -> np.ndarray:
         """The output head on final hidden states; NaN or Inf there means corrupt weights (the loader
@@ -598,7 +631,7 @@ class Model:
         cache = self.new_cache()
         if max_new_tokens == 0:
             return
-        h = self.run(cache, ids, commit=True, logits=False)[-1:]
+        h = self.run(cache, ids, commit=True, logits=False, rows=[len(ids) - 1])
         for step in range(max_new_tokens):
             logits = self.logits(h)[0]
             tok = int(np.argmax(logits))  # ties: the lowest id

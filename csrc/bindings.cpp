@@ -602,19 +602,23 @@ class LayerStack {
 
     // x [T, H] += the attention mixer of layer i for positions n0 .. n0 + T - 1, whose keys and values go
     // to rows [n0, n0 + T) of the caches; block: None for the causal mask, B for the block-causal one.
-    void attn(int64_t i, py::array x, py::array k_cache, py::array v_cache, int64_t n0, std::optional<int64_t> block) {
+    // out_rows (None: all): ascending rows of x whose outputs are wanted; the keys and values of every row
+    // are written, and the other rows of x are left as they were (layers.h).
+    void attn(int64_t i, py::array x, py::array k_cache, py::array v_cache, int64_t n0, std::optional<int64_t> block,
+              const py::object& out_rows) {
         layer(i);
         if (!attn_[i]) fail("layer " + std::to_string(i) + " has no attention weights");
         const AttnWeights& w = *attn_[i];
         const int64_t T = rows_of(x);
         const KvType kv = check_kv(w, k_cache, v_cache, n0, T, block);
+        const std::optional<std::vector<int64_t>> rows = rows_arg(out_rows, T);
         float* X = (float*)x.mutable_data();
         void *K = k_cache.mutable_data(), *V = v_cache.mutable_data();
         if (T == 0) return;
         const Kernels& kr = active_kernels();
         py::gil_scoped_release nogil;
         attn_residual(kr, w, eps_, X, T, H_, kv, K, V, n0, block ? AttnMask::BlockCausal : AttnMask::Causal,
-                      block ? *block : 1);
+                      block ? *block : 1, rows ? rows->data() : nullptr, rows ? (int64_t)rows->size() : 0);
     }
 
     // Several sequences' spans in x, one after another (continuous batching, layers.h): segs is a list of
@@ -644,7 +648,7 @@ class LayerStack {
     }
 
     // segs: a list of (t0, t1, k_cache, v_cache, n0, block or None), one per sequence (as gdn_batch).
-    void attn_batch(int64_t i, py::array x, const py::list& segs) {
+    void attn_batch(int64_t i, py::array x, const py::list& segs, const py::object& out_rows) {
         layer(i);
         if (!attn_[i]) fail("layer " + std::to_string(i) + " has no attention weights");
         const AttnWeights& w = *attn_[i];
@@ -666,11 +670,13 @@ class LayerStack {
                           block ? AttnMask::BlockCausal : AttnMask::Causal, block ? *block : 1});
         }
         if (next != T) fail("segments must cover the rows of x in order");
+        const std::optional<std::vector<int64_t>> rows = rows_arg(out_rows, T);
         float* X = (float*)x.mutable_data();
         if (T == 0) return;
         const Kernels& kr = active_kernels();
         py::gil_scoped_release nogil;
-        attn_residual_segs(kr, w, eps_, X, T, H_, *kv, sg.data(), (int64_t)sg.size());
+        attn_residual_segs(kr, w, eps_, X, T, H_, *kv, sg.data(), (int64_t)sg.size(), rows ? rows->data() : nullptr,
+                           rows ? (int64_t)rows->size() : 0);
     }
 
     // x [T, H] += the feed-forward of layer i; returns the number of distinct routed experts used.
@@ -686,6 +692,19 @@ class LayerStack {
     }
 
   private:
+    // None, or row indices of x in [0, T), strictly ascending.
+    static std::optional<std::vector<int64_t>> rows_arg(const py::object& o, int64_t T) {
+        if (o.is_none()) return std::nullopt;
+        std::vector<int64_t> rows;
+        for (const py::handle& h : o) {
+            const int64_t r = h.cast<int64_t>();
+            if (r < 0 || r >= T || (!rows.empty() && r <= rows.back()))
+                fail("out_rows must be ascending row indices in [0, " + std::to_string(T) + ")");
+            rows.push_back(r);
+        }
+        return rows;
+    }
+
     static void check_gdn_states(const GdnWeights& w, const py::array& conv_state, const py::array& ssm_state,
                                  int64_t commit, int64_t T) {
         check_array<float>(conv_state, "conv_state", 2, "float32");
@@ -856,9 +875,10 @@ PYBIND11_MODULE(_core, m) {
              py::arg("o"), py::arg("q_norm"), py::arg("k_norm"), py::arg("n_head"), py::arg("n_head_kv"), py::arg("D"),
              py::arg("n_rot"), py::arg("theta"))
         .def("attn", &LayerStack::attn, py::arg("i"), py::arg("x"), py::arg("k_cache"), py::arg("v_cache"), py::arg("n0"),
-             py::arg("block") = py::none())
+             py::arg("block") = py::none(), py::arg("out_rows") = py::none())
         .def("gdn_batch", &LayerStack::gdn_batch, py::arg("i"), py::arg("x"), py::arg("segs"))
-        .def("attn_batch", &LayerStack::attn_batch, py::arg("i"), py::arg("x"), py::arg("segs"))
+        .def("attn_batch", &LayerStack::attn_batch, py::arg("i"), py::arg("x"), py::arg("segs"),
+             py::arg("out_rows") = py::none())
         .def("moe", &LayerStack::moe, py::arg("i"), py::arg("x"), py::arg("prefetch") = false);
     m.def("moe", &py_moe, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("gate"), py::arg("up"),
           py::arg("down"), py::arg("gate_type"), py::arg("up_type"), py::arg("down_type"), py::kw_only(),

@@ -73,41 +73,56 @@ void gdn_residual_segs(const Kernels& kr, const GdnWeights& w, float eps, float*
 }
 
 void attn_residual(const Kernels& kr, const AttnWeights& w, float eps, float* x, int64_t T, int64_t H, KvType kv,
-                   void* k_cache, void* v_cache, int64_t n0, AttnMask mask, int64_t block_length) {
+                   void* k_cache, void* v_cache, int64_t n0, AttnMask mask, int64_t block_length,
+                   const int64_t* out_rows, int64_t n_out) {
     const AttnSeg seg{0, T, k_cache, v_cache, n0, mask, block_length};
-    attn_residual_segs(kr, w, eps, x, T, H, kv, &seg, 1);
+    attn_residual_segs(kr, w, eps, x, T, H, kv, &seg, 1, out_rows, n_out);
 }
 
 void attn_residual_segs(const Kernels& kr, const AttnWeights& w, float eps, float* x, int64_t T, int64_t H, KvType kv,
-                        const AttnSeg* segs, int64_t n_segs) {
+                        const AttnSeg* segs, int64_t n_segs, const int64_t* out_rows, int64_t n_out) {
     const ModelKernels& mk = model_kernels_of(kr);
     const int64_t Hq = w.n_head, Hkv = w.n_head_kv, D = w.D, QD = Hq * D, KD = Hkv * D;
+    const bool all = out_rows == nullptr;
+    const int64_t Q = all ? T : n_out;  // query rows
     const Scratch<float, 0> h(T * H);
-    const Scratch<float, 1> qg(T * 2 * QD);
+    const Scratch<float, 1> qg(Q * 2 * QD);
     const Scratch<float, 2> kx(T * KD);
     const Scratch<float, 3> vr(T * KD);
-    const Scratch<float, 4> q(T * QD);
-    const Scratch<float, 5> gate(T * QD);
+    const Scratch<float, 4> q(Q * QD);
+    const Scratch<float, 5> gate(Q * QD);
     const Scratch<float, 6> kn(T * KD);
-    const Scratch<float, 7> o(T * QD);
-    const Scratch<float, 8> qn(T * QD);
-    const Scratch<float, 9> out(T * H);
+    const Scratch<float, 7> o(Q * QD);
+    const Scratch<float, 8> qn(Q * QD);
+    const Scratch<float, 9> out(Q * H);
+    const Scratch<float, 10> hq(all ? 0 : Q * H);
     const Scratch<int32_t, 0> pos(T);
+    const Scratch<int32_t, 1> qpos(Q);
     rms_norm(mk, x, w.norm, T, H, eps, h.get());
-    const WeightView ws[3] = {w.q, w.k, w.v};
-    float* const ys[3] = {qg.get(), kx.get(), vr.get()};
-    matmul_many(kr, ws, 3, h.get(), T, ys);
-    for (int64_t r = 0; r < T * Hq; r++) {  // per head: [query | gate]
+    if (all) {
+        const WeightView ws[3] = {w.q, w.k, w.v};
+        float* const ys[3] = {qg.get(), kx.get(), vr.get()};
+        matmul_many(kr, ws, 3, h.get(), T, ys);
+    } else {
+        const WeightView ws[2] = {w.k, w.v};
+        float* const ys[2] = {kx.get(), vr.get()};
+        matmul_many(kr, ws, 2, h.get(), T, ys);
+        for (int64_t j = 0; j < Q; j++) std::memcpy(hq.get() + j * H, h.get() + out_rows[j] * H, H * sizeof(float));
+        if (Q) matmul(kr, w.q, hq.get(), Q, qg.get());
+    }
+    for (int64_t r = 0; r < Q * Hq; r++) {  // per head: [query | gate]
         std::memcpy(q.get() + r * D, qg.get() + r * 2 * D, D * sizeof(float));
         std::memcpy(gate.get() + r * D, qg.get() + r * 2 * D + D, D * sizeof(float));
     }
     for (int64_t si = 0; si < n_segs; si++)
         for (int64_t t = segs[si].t0; t < segs[si].t1; t++) pos.get()[t] = (int32_t)(segs[si].n0 + t - segs[si].t0);
-    rms_norm(mk, q.get(), w.q_norm, T * Hq, D, eps, qn.get());
-    rope_neox(qn.get(), pos.get(), T, Hq, D, w.n_rot, w.theta);
+    for (int64_t j = 0; j < Q; j++) qpos.get()[j] = pos.get()[all ? j : out_rows[j]];
+    rms_norm(mk, q.get(), w.q_norm, Q * Hq, D, eps, qn.get());
+    rope_neox(qn.get(), qpos.get(), Q, Hq, D, w.n_rot, w.theta);
     rms_norm(mk, kx.get(), w.k_norm, T * Hkv, D, eps, kn.get());
     rope_neox(kn.get(), pos.get(), T, Hkv, D, w.n_rot, w.theta);
     const int64_t row = Hkv * kv_head_bytes(kv, D);
+    int64_t qa = 0;  // (out rows: the first one not yet given to a segment)
     for (int64_t si = 0; si < n_segs; si++) {
         const AttnSeg& sg = segs[si];
         const int64_t t0 = sg.t0, n = sg.t1 - sg.t0;
@@ -125,11 +140,24 @@ void attn_residual_segs(const Kernels& kr, const AttnWeights& w, float eps, floa
                 quantize_rows(Type::Q8_0, src, dst, n * Hkv, D);
             }
         }
-        attention(mk, qn.get() + t0 * QD, sg.k_cache, sg.v_cache, kv, pos.get() + t0, gate.get() + t0 * QD, n, Hq, Hkv,
-                  D, sg.n0 + n, sg.mask, sg.block_length, 1.f / std::sqrt((float)D), o.get() + t0 * QD);
+        // its query rows [a, b): all of its own, or the out rows inside it
+        int64_t a = t0, b = sg.t1;
+        if (!all) {
+            while (qa < Q && out_rows[qa] < t0) qa++;
+            for (a = b = qa; b < Q && out_rows[b] < sg.t1;) b++;
+            qa = b;
+        }
+        if (b > a)
+            attention(mk, qn.get() + a * QD, sg.k_cache, sg.v_cache, kv, qpos.get() + a, gate.get() + a * QD, b - a, Hq,
+                      Hkv, D, sg.n0 + n, sg.mask, sg.block_length, 1.f / std::sqrt((float)D), o.get() + a * QD);
     }
-    matmul(kr, w.o, o.get(), T, out.get());
-    add_into(x, out.get(), T * H);
+    if (Q == 0) return;
+    matmul(kr, w.o, o.get(), Q, out.get());
+    if (all) {
+        add_into(x, out.get(), T * H);
+    } else {
+        for (int64_t j = 0; j < Q; j++) add_into(x + out_rows[j] * H, out.get() + j * H, H);
+    }
 }
 
 int moe_residual(const Kernels& kr, const MoeWeights& w, float eps, float* x, int64_t T, int64_t H, bool prefetch) {

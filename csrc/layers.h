@@ -53,7 +53,8 @@ void gdn_residual(const Kernels& kr, const GdnWeights& w, float eps, float* x, i
 // the caches' element type; rows of n_head_kv heads, kv_head_bytes each), which must exist; the
 // queries see rows [0, n0 + T) under `mask` (block_length for the block-causal one).
 void attn_residual(const Kernels& kr, const AttnWeights& w, float eps, float* x, int64_t T, int64_t H, KvType kv,
-                   void* k_cache, void* v_cache, int64_t n0, AttnMask mask, int64_t block_length);
+                   void* k_cache, void* v_cache, int64_t n0, AttnMask mask, int64_t block_length,
+                   const int64_t* out_rows = nullptr, int64_t n_out = 0);
 
 // Several sequences in one call (continuous batching): x holds their spans one after another, rows
 // [t0, t1) for each segment. The projections run once over all T rows (one product per weight); each
@@ -75,8 +76,11 @@ struct AttnSeg {
     AttnMask mask;
     int64_t block_length;
 };
+// out_rows (n_out ascending row indices of x, or nullptr for all T rows): the rows whose outputs are wanted.
+// Every row's key and value go to its cache; queries, attention and the output projection run for the out
+// rows only, and the other rows of x are left as they were (a last layer whose other rows nobody reads).
 void attn_residual_segs(const Kernels& kr, const AttnWeights& w, float eps, float* x, int64_t T, int64_t H, KvType kv,
-                        const AttnSeg* segs, int64_t n_segs);
+                        const AttnSeg* segs, int64_t n_segs, const int64_t* out_rows = nullptr, int64_t n_out = 0);
 // x[T, H] += moe_block(rms_norm(x)); returns the number of distinct routed experts used.
 int moe_residual(const Kernels& kr, const MoeWeights& w, float eps, float* x, int64_t T, int64_t H, bool prefetch);
 

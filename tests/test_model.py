@@ -31,6 +31,7 @@ CONFIGS = {
     "mha": dict(num_attention_heads=2, num_key_value_heads=2, head_dim=64, linear_num_key_heads=4, linear_num_value_heads=4,
                 linear_conv_kernel_dim=3, num_experts=16, num_experts_per_tok=1, partial_rotary_factor=1.0,
                 num_hidden_layers=3, full_attention_interval=3),
+    "gdn_last": dict(num_hidden_layers=5),  # a recurrent last layer (the others end in attention)
 }
 
 
@@ -246,6 +247,56 @@ def test_fused_layers_equal_the_operator_path(models, name):
         _core.set_isa(active)
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_rows_equal_the_full_run(models, name):
+    # run(rows=r): the last layer's output only for the rows read (llama.cpp's out_ids) equals the full run's
+    # rows, leaves the same caches behind (every position's keys, values and states are written), on the
+    # fused path and the operator path, for prefill, a fused commit, a speculative span and batched spans
+    from clover_cpu.decode import Forward, run_forward
+
+    _, d = models[name]
+    ids = np.random.default_rng(6).integers(0, 512, 40)
+    m = clover_cpu.load(d / "f32.gguf", kv_type="f32")
+    assert m.config.recurrent[-1] == (name == "gdn_last")
+    steps = [(ids[:12], True, None, [11]), (ids[12:21], 4, 4, [5, 6, 8]), (ids[16:25], False, 4, [0, 3, 8]),
+             (ids[16:25], 0, 4, []), (ids[16:17], True, None, []), (ids[17:40], True, 4, [0, 22])]
+
+    def caches(cache):
+        return [a[i].copy() for a in (cache.ssm, cache.conv, cache.k, cache.v) for i in sorted(a)] + [cache.n]
+
+    for fused in (True, False):
+        m.fused = fused
+        full, part = m.new_cache(), m.new_cache()
+        for toks, commit, block, rows in steps:
+            want = m.run(full, toks, commit=commit, block=block)[rows]
+            got = m.run(part, toks, commit=commit, block=block, rows=rows)
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(initial=1))
+            a, b = caches(full), caches(part)
+            assert all(np.array_equal(x, y) for x, y in zip(a, b)), f"{name} fused={fused}: caches"
+    m.fused = True
+    # rows in any order through a Forward; spans of several sequences with rows
+    cache = m.new_cache()
+    m.run(cache, ids[:8], commit=True, block=4)
+    snap = cache.snapshot()
+    want = m.run(cache, ids[8:16], commit=False, block=4)[[6, 1, 3]]
+    np.testing.assert_allclose(run_forward(m, Forward(cache, list(ids[8:16]), 0, 4, [6, 1, 3])), want, rtol=1e-5,
+                               atol=1e-5 * np.abs(want).max())
+    caches_a = [m.new_cache() for _ in range(3)]
+    caches_b = [snap] + [m.new_cache() for _ in range(2)]
+    spans = [(ids[8:16], 2, 4, [2, 7]), (ids[:5], True, None, []), (ids[5:9], 1, 4, None)]
+    b = m.run_batch([(c, *s) for c, s in zip(caches_b, spans)])
+    m.run(caches_a[0], ids[:8], commit=True, block=4)
+    for c, (toks, commit, block, rows), got in zip(caches_a, spans, b):
+        want = m.run(c, toks, commit=commit, block=block, logits=False)
+        want = want if rows is None else want[rows]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(initial=1))
+    assert [c.n for c in caches_a] == [c.n for c in caches_b]
+    for bad in ([3, 1], [0, 0], [-1], [9]):
+        with pytest.raises(ValueError, match="rows must be ascending"):
+            m.run(m.new_cache(), ids[:9], commit=True, rows=bad)
+
+
 def test_layer_stack_rejects_bad_arguments(models):
     from clover_cpu import kernels
     from clover_cpu.model import pair, rmsnorm
@@ -277,6 +328,11 @@ def test_layer_stack_rejects_bad_arguments(models):
         s.attn(attn_layer, x, kc, kc.astype(np.float32), 0)
     with pytest.raises(ValueError, match="block must be"):
         s.attn(attn_layer, x, kc, kc.copy(), 0, 0)
+    for rows in ([2, 1], [0, 3], [-1], [1, 1]):
+        with pytest.raises(ValueError, match="out_rows must be ascending"):
+            s.attn(attn_layer, x, kc, kc.copy(), 0, None, rows)
+        with pytest.raises(ValueError, match="out_rows must be ascending"):
+            s.attn_batch(attn_layer, x, [(0, 3, kc, kc.copy(), 0, None)], rows)
     with pytest.raises(ValueError, match="must lie in the caches"):
         s.attn(attn_layer, x, kc, kc.copy(), 2**63 - 2)  # (n0 + T would overflow)
     with pytest.raises(ValueError, match="writeable"):
