@@ -8,6 +8,11 @@ aggregate generated tokens/s (all tokens over the wall time of the level), the m
 token, and the server's peak RSS (VmHWM). Then, at one stream, the time to first token of a 512-token
 prompt (median of `--ttft-runs`), and for clover-cpu its share of a request's time outside the model's
 forwards (HTTP, JSON, scheduling and sampling: 1 - busy seconds from /metrics / request wall time).
+With `--mixed-prompt N`, at --parallel 2: while one stream generates, a second request brings an N-token
+prompt; reported are that request's time to first token and the longest wait between the first stream's
+chunks while the prompt is read (a server that reads the whole prompt in one forward stalls the stream
+for all of it). clover-cpu runs it with its --prefill-slice default and, as the no-slicing baseline, with
+--prefill-slice 2048.
 
     python bench/bench_serve.py --model twin-q4_k_m.gguf \
         --llama-server /path/to/llama.cpp/build/bin/llama-server --json bench/results/serve.json
@@ -86,20 +91,23 @@ class Server:
 
 
 def start(kind: str, model: Path, parallel: int, threads: int, ctx: int, llama_server: Path | None,
-          logdir: Path) -> Server:
+          logdir: Path, extra: list[str] = ()) -> Server:
     port = free_port()
     if kind == "clover-cpu":
         cmd = [sys.executable, "-m", "clover_cpu", "serve", "-m", str(model), "--port", str(port), "--parallel",
                str(parallel), "--threads", str(threads), "--ctx-len", str(ctx), "--log-level", "warning",
-               "--max-queue", "64"]
+               "--max-queue", "64", *extra]
     else:
         cmd = [str(llama_server), "-m", str(model), "--port", str(port), "--host", "127.0.0.1", "-np", str(parallel),
                "-t", str(threads), "-tb", str(threads), "-c", str(ctx * parallel), "--no-webui"]
     return Server(kind, cmd, port, logdir / f"serve-{kind}-p{parallel}.log")
 
 
-def stream_request(url: str, prompt: list[int], max_tokens: int) -> dict:
-    """One streaming /v1/completions request: time to first text, tokens, seconds."""
+def stream_request(url: str, prompt: list[int], max_tokens: int, times: list | None = None,
+                   stop: threading.Event | None = None) -> dict:
+    """One streaming /v1/completions request: time to first text, tokens, seconds. `times` gets the
+    arrival time (perf_counter) of every chunk with text; `stop` set ends the request (the connection
+    closes) at its next chunk."""
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                        "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
@@ -116,8 +124,12 @@ def stream_request(url: str, prompt: list[int], max_tokens: int) -> dict:
             for c in obj.get("choices") or []:
                 if c.get("text"):
                     chunks += 1
+                    if times is not None:
+                        times.append(time.perf_counter())
                     if first is None:
                         first = time.perf_counter() - t0
+            if stop is not None and stop.is_set():
+                break
     t = time.perf_counter() - t0
     n = usage["completion_tokens"] if usage else chunks
     return {"ttft": first if first is not None else t, "tokens": n, "seconds": t}
@@ -161,6 +173,43 @@ def run_level(server: Server, streams: int, requests: int, prompt_tokens: int, m
             "peak_rss_gb": server.peak_rss_gb()}
 
 
+def mixed(server: Server, prompt_tokens: int, ctx: int, seed: int) -> dict:
+    """A stream generating while a second request's long prompt is read (see the module's doc)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    times: list[float] = []
+    stop = threading.Event()
+    failed: list[BaseException] = []
+    first = random_prompt(rng, 32, server.vocab)
+
+    def stream():
+        try:
+            stream_request(server.url, first, ctx - 64, times, stop)
+        except BaseException as e:  # (reported below)
+            failed.append(e)
+
+    a = threading.Thread(target=stream)
+    a.start()
+    deadline = time.perf_counter() + 600
+    while len(times) < 3 and a.is_alive() and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    b = stream_request(server.url, random_prompt(rng, prompt_tokens, server.vocab), 1)
+    t1 = time.perf_counter()
+    while time.perf_counter() < t1 + 1 and a.is_alive():  # (the chunk after the prompt's end closes the window)
+        time.sleep(0.01)
+    stop.set()
+    a.join(600)
+    if failed:
+        raise RuntimeError(f"the generating stream failed: {failed[0]}")
+    # the first stream's waits that overlap the second request's time in the server
+    marks = [t for t in times if t <= t0][-1:] + [t for t in times if t0 < t <= t1] + [t for t in times if t > t1][:1]
+    gaps = [y - x for x, y in zip(marks, marks[1:])]
+    return {"prompt_tokens": prompt_tokens, "ttft": b["ttft"], "max_gap": max(gaps) if gaps else None,
+            "chunks_during_prompt": sum(t0 < t <= t1 for t in times)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True, help="GGUF file both servers load")
@@ -173,6 +222,8 @@ def main() -> int:
     ap.add_argument("--ttft-prompt", type=int, default=512)
     ap.add_argument("--ttft-runs", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=2048, help="context per sequence")
+    ap.add_argument("--mixed-prompt", type=int, default=0,
+                    help="also the mixed test with a prompt of this many tokens (0: skip; --ctx must hold it)")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "serve.json")
     a = ap.parse_args()
     if not a.model.is_file():
@@ -180,7 +231,7 @@ def main() -> int:
     kinds = ["clover-cpu"] + (["llama-server"] if a.llama_server else [])
     logdir = a.json.parent
     logdir.mkdir(parents=True, exist_ok=True)
-    levels = [int(x) for x in a.streams.split(",")]
+    levels = [int(x) for x in a.streams.split(",") if x]
     out: dict = {"model": str(a.model), "threads": a.threads, "max_tokens": a.max_tokens, "cpu": cpu_model(),
                  "levels": {k: [] for k in kinds}, "ttft_512": {}, "overhead": None}
     import numpy as np
@@ -207,6 +258,21 @@ def main() -> int:
             print(f"{kind:13s} streams {n}: {r['tokens_per_second']:7.2f} t/s aggregate, ttft median "
                   f"{r['ttft_median']:.2f} s, peak RSS {r['peak_rss_gb']:.2f} GB"
                   f"{', ERRORS: ' + '; '.join(r['errors'][:2]) if r['errors'] else ''}", flush=True)
+    if a.mixed_prompt:
+        out["mixed"] = {}
+        runs = [("clover-cpu", []), ("clover-cpu", ["--prefill-slice", "2048"])] + \
+            ([("llama-server", [])] if a.llama_server else [])
+        for kind, extra in runs:
+            s = start(kind, a.model, 2, a.threads, a.ctx, a.llama_server, logdir, extra)
+            try:
+                stream_request(s.url, random_prompt(np.random.default_rng(7), 8, s.vocab), 4)
+                r = mixed(s, a.mixed_prompt, a.ctx, seed=5)
+            finally:
+                s.stop()
+            name = kind + (" " + " ".join(extra) if extra else "")
+            out["mixed"][name] = r
+            print(f"mixed, {name}: {a.mixed_prompt}-token prompt TTFT {r['ttft']:.2f} s beside a stream whose "
+                  f"longest wait was {r['max_gap']:.2f} s ({r['chunks_during_prompt']} chunks meanwhile)", flush=True)
     _table(out, kinds, levels)
     a.json.write_text(json.dumps(out, indent=2))
     print(f"wrote {a.json}")

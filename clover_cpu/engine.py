@@ -81,12 +81,15 @@ class Engine:
     """Runs Jobs on `model` with up to `parallel` sequences per batched forward; at most `max_queue`
     jobs wait for a slot (submit raises QueueFull beyond that)."""
 
-    def __init__(self, model, *, parallel: int = 4, max_queue: int = 64):
+    def __init__(self, model, *, parallel: int = 4, max_queue: int = 64, prefill_slice: int = 256):
         if parallel < 1:
             raise ValueError("parallel must be >= 1")
         if max_queue < 0:
             raise ValueError("max_queue must be >= 0")
+        if prefill_slice < 1:
+            raise ValueError("prefill_slice must be >= 1")
         self.model, self.parallel, self.max_queue = model, parallel, max_queue
+        self.prefill_slice = prefill_slice
         self.metrics = Metrics()
         self._waiting: collections.deque[Job] = collections.deque()
         self._active: list[Job] = []
@@ -185,6 +188,21 @@ class Engine:
                 return
             msg = next(job.steps)
 
+    def _slice(self, f: Forward) -> tuple[Forward, Forward | None]:
+        """A committing forward of more than prefill_slice tokens (a prompt's chunk) -> its first slice and
+        the rest, or (f, None). The cut falls on the block grid (block-causal attention sees a whole block,
+        so a block is never split) and before every row read; committing in slices gives the caches a
+        single commit would (Model.run)."""
+        T, B = len(f.tokens), f.block or 1
+        if f.commit != T or T <= self.prefill_slice:
+            return f, None
+        n0 = f.cache.n
+        cut = (n0 + max(self.prefill_slice, B)) // B * B - n0
+        if cut <= 0 or cut >= T or (f.rows and min(f.rows) < cut):
+            return f, None
+        return (Forward(f.cache, f.tokens[:cut], cut, f.block, []),
+                Forward(f.cache, f.tokens[cut:], T - cut, f.block, [r - cut for r in f.rows]))
+
     def _deliver(self, job: Job, ev: Event) -> None:
         if ev.kind == "step" and not job.want_steps:
             return
@@ -222,7 +240,10 @@ class Engine:
             self._active = []
             return
         t0 = time.perf_counter()
-        fwds = [j.pending for j in jobs]
+        # a prompt shares its forwards with sequences that are decoding: in slices, so that their tokens keep
+        # coming while it is read (alone, a prompt runs in the decoder's own chunks)
+        parts = [self._slice(j.pending) if len(jobs) > 1 else (j.pending, None) for j in jobs]
+        fwds = [f for f, _ in parts]
         try:
             picks = [span_rows(f.rows) for f in fwds]
             hs = self.model.run_batch([(f.cache, f.tokens, f.commit, f.block, srt) for f, (srt, _) in zip(fwds, picks)])
@@ -237,7 +258,10 @@ class Engine:
         self.metrics.forwards_total += 1
         self.metrics.busy_seconds_total += time.perf_counter() - t0
         k = 0
-        for j, f in zip(jobs, fwds):
+        for j, f, (_, rest) in zip(jobs, fwds, parts):
+            if rest is not None:  # the prompt's next slice, next round (its first slices read no rows)
+                j.pending = rest
+                continue
             out = None
             if f.rows:
                 out, k = logits[k : k + len(f.rows)], k + len(f.rows)

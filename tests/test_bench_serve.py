@@ -15,7 +15,7 @@ def test_bench_serve_smoke(tmp_path):
     out = tmp_path / "serve.json"
     r = subprocess.run([sys.executable, str(BENCH), "--model", str(clover_cpu.shipped_model()), "--streams", "1,2",
                         "--requests", "1", "--max-tokens", "8", "--ttft-prompt", "16", "--ttft-runs", "1",
-                        "--threads", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
+                        "--mixed-prompt", "600", "--threads", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(out.read_text())
     levels = d["levels"]["clover-cpu"]
@@ -23,3 +23,6 @@ def test_bench_serve_smoke(tmp_path):
     assert [lv["tokens"] for lv in levels] == [8, 16]  # ignore_eos: every request gives all its tokens
     assert d["ttft_512"]["clover-cpu"] > 0 and 0 <= d["overhead"]["outside_forwards"] < 1
     assert "| 2 |" in r.stdout
+    mixed = d["mixed"]  # a 600-token prompt beside a stream, with the default slices and without them
+    assert set(mixed) == {"clover-cpu", "clover-cpu --prefill-slice 2048"}
+    assert all(m["ttft"] > 0 and m["max_gap"] > 0 for m in mixed.values())

@@ -510,6 +510,44 @@ def test_engine_batch_equals_serial(model, opts):
     assert [got[i] for i in range(len(prompts))] == want
 
 
+def test_engine_slices_a_long_prompt_beside_decoding(model):
+    # a long prompt arriving while another request decodes is read in slices of at most prefill_slice
+    # tokens (whole blocks), each sharing a forward with the other's step; both answers equal their serial ones
+    long = model.tokenize(" ".join(["the cat sat on the mat"] * 40))  # 361 tokens
+    short = model.tokenize(PROMPTS[0])
+    want = [model.generate_text(p, max_new_tokens=32)["token_ids"] for p in (short, long)]
+    got = {0: [], 1: []}
+    done = threading.Semaphore(0)
+    spans = []  # per batched forward, the token count of each sequence's span
+
+    def emit_for(i):
+        def emit(kind, payload):
+            if kind == "event" and payload.kind == "tokens":
+                got[i].extend(payload.tokens)
+            elif kind == "end":
+                done.release()
+        return emit
+
+    run_batch = model.run_batch
+    model.run_batch = lambda s: spans.append([len(x[1]) for x in s]) or run_batch(s)
+    eng = engine_mod.Engine(model, parallel=2, prefill_slice=40)
+    try:
+        eng.submit(engine_mod.Job(short, Options(max_new_tokens=32), emit_for(0)))
+        deadline = time.monotonic() + 60
+        while not got[0] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert got[0], "the first request produced no token"
+        eng.submit(engine_mod.Job(long, Options(max_new_tokens=32), emit_for(1)))
+        assert done.acquire(timeout=120) and done.acquire(timeout=120)
+    finally:
+        eng.shutdown(30)
+        del model.run_batch
+    assert [got[0], got[1]] == want
+    shared = [s for s in spans if len(s) == 2]
+    assert max(max(s) for s in shared) <= 40  # (a decoding step of blocks of 8 is 8 or 16 positions)
+    assert sum(40 in s for s in shared) >= 8  # the prompt's 360 whole-block tokens: 9 slices of 40
+
+
 def test_engine_bad_job_does_not_stop_others(model):
     results = []
     done = threading.Semaphore(0)

@@ -41,6 +41,10 @@ def add_parser(sub) -> None:
                    help="the largest max_tokens a request may ask for (default: what the context holds)")
     p.add_argument("--default-max-tokens", type=int, default=512,
                    help="max_tokens of a chat request that gives none (default 512; completions: 16, as OpenAI)")
+    p.add_argument("--prefill-slice", type=int, default=256,
+                   help="prompt tokens per forward while other requests are decoding: a long prompt is read in "
+                        "slices that share forwards with their steps, so their replies keep streaming (default 256; "
+                        "a prompt alone runs in chunks of 2048)")
     p.add_argument("--max-body", type=int, default=4 << 20, help="largest request body in bytes (default 4 MiB)")
     p.add_argument("--alias", default=None, help="the model's name in the API (default: the file name)")
     p.add_argument("--threads", type=threads_arg, default=None,
@@ -66,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
     if not Path(path).is_file():
         raise ValueError(f"{path}: no such file")
     file_ctx = check_runnable(path)
-    for name in ("parallel", "max_queue", "max_body", "default_max_tokens"):
+    for name in ("parallel", "max_queue", "max_body", "default_max_tokens", "prefill_slice"):
         if getattr(args, name) < (0 if name == "max_queue" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
     if args.max_tokens is not None and args.max_tokens < 1:
@@ -80,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings(path, parallel=args.parallel, api_key=key, max_queue=args.max_queue,
                         max_body_bytes=args.max_body, max_tokens_limit=args.max_tokens,
                         default_max_tokens=args.default_max_tokens, threads=args.threads, ctx_len=ctx,
-                        kv_type=args.kv_type, alias=args.alias)
+                        kv_type=args.kv_type, alias=args.alias, prefill_slice=args.prefill_slice)
     sock = listen_socket(args.host, args.port)
     app = create_app(settings)
     where = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}"
