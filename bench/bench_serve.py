@@ -10,8 +10,9 @@ prompt (median of `--ttft-runs`), and for clover-cpu its share of a request's ti
 forwards (HTTP, JSON, scheduling and sampling: 1 - busy seconds from /metrics / request wall time).
 With `--mixed-prompt N`, at --parallel 2: while one stream generates, a second request brings an N-token
 prompt; reported are that request's time to first token and the longest wait between the first stream's
-chunks while the prompt is read (a server that reads the whole prompt in one forward stalls the stream
-for all of it). clover-cpu runs it with its --prefill-slice default and, as the no-slicing baseline, with
+tokens while the prompt is read (a server that reads the whole prompt in one forward stalls the stream
+for all of it; llama-server's token chunks mark them, and clover-cpu's token counter in /metrics, polled
+every 20 ms). clover-cpu runs it with its --prefill-slice default and, as the no-slicing baseline, with
 --prefill-slice 2048.
 
     python bench/bench_serve.py --model twin-q4_k_m.gguf \
@@ -104,12 +105,12 @@ def start(kind: str, model: Path, parallel: int, threads: int, ctx: int, llama_s
 
 
 def stream_request(url: str, prompt: list[int], max_tokens: int, times: list | None = None,
-                   stop: threading.Event | None = None) -> dict:
+                   stop: threading.Event | None = None, temperature: float = 0.0) -> dict:
     """One streaming /v1/completions request: time to first text, tokens, seconds. `times` gets the
-    arrival time (perf_counter) of every chunk with text; `stop` set ends the request (the connection
-    closes) at its next chunk."""
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                       "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
+    arrival time (perf_counter) of every chunk; `stop` set ends the request (the connection closes) at
+    its next chunk."""
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": 1,
+                       "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     first, chunks, usage = None, 0, None
@@ -122,10 +123,10 @@ def stream_request(url: str, prompt: list[int], max_tokens: int, times: list | N
             if obj.get("usage"):
                 usage = obj["usage"]
             for c in obj.get("choices") or []:
+                if times is not None:  # (llama-server streams a chunk per token, with text or without)
+                    times.append(time.perf_counter())
                 if c.get("text"):
                     chunks += 1
-                    if times is not None:
-                        times.append(time.perf_counter())
                     if first is None:
                         first = time.perf_counter() - t0
             if stop is not None and stop.is_set():
@@ -185,12 +186,26 @@ def mixed(server: Server, prompt_tokens: int, ctx: int, seed: int) -> dict:
 
     def stream():
         try:
-            stream_request(server.url, first, ctx - 64, times, stop)
+            # sampled: a random-weight model's greedy tokens may all be ones without text (no chunks to time)
+            stream_request(server.url, first, ctx - 64, times, stop, temperature=1.0)
         except BaseException as e:  # (reported below)
             failed.append(e)
 
+    def poll():  # clover-cpu streams text only, and a random-weight model's tokens rarely have any: its
+        # tokens/s counter (updated as tokens are made) marks them instead
+        last = server.metric("clover_generated_tokens_total")
+        while not stop.is_set():
+            time.sleep(0.02)
+            v = server.metric("clover_generated_tokens_total")
+            if v is not None and last is not None and v > last:
+                times.append(time.perf_counter())
+            last = v
+
     a = threading.Thread(target=stream)
     a.start()
+    probe = threading.Thread(target=poll) if server.kind == "clover-cpu" else None
+    if probe:
+        probe.start()
     deadline = time.perf_counter() + 600
     while len(times) < 3 and a.is_alive() and time.perf_counter() < deadline:
         time.sleep(0.01)
@@ -201,13 +216,16 @@ def mixed(server: Server, prompt_tokens: int, ctx: int, seed: int) -> dict:
         time.sleep(0.01)
     stop.set()
     a.join(600)
+    if probe:
+        probe.join(60)
     if failed:
         raise RuntimeError(f"the generating stream failed: {failed[0]}")
+    times.sort()
     # the first stream's waits that overlap the second request's time in the server
     marks = [t for t in times if t <= t0][-1:] + [t for t in times if t0 < t <= t1] + [t for t in times if t > t1][:1]
     gaps = [y - x for x, y in zip(marks, marks[1:])]
     return {"prompt_tokens": prompt_tokens, "ttft": b["ttft"], "max_gap": max(gaps) if gaps else None,
-            "chunks_during_prompt": sum(t0 < t <= t1 for t in times)}
+            "tokens_during_prompt": sum(t0 < t <= t1 for t in times)}
 
 
 def main() -> int:
@@ -272,7 +290,7 @@ def main() -> int:
             name = kind + (" " + " ".join(extra) if extra else "")
             out["mixed"][name] = r
             print(f"mixed, {name}: {a.mixed_prompt}-token prompt TTFT {r['ttft']:.2f} s beside a stream whose "
-                  f"longest wait was {r['max_gap']:.2f} s ({r['chunks_during_prompt']} chunks meanwhile)", flush=True)
+                  f"longest wait was {r['max_gap']:.2f} s ({r['tokens_during_prompt']} token marks meanwhile)", flush=True)
     _table(out, kinds, levels)
     a.json.write_text(json.dumps(out, indent=2))
     print(f"wrote {a.json}")
