@@ -618,7 +618,7 @@ class LayerStack {
         const Kernels& kr = active_kernels();
         py::gil_scoped_release nogil;
         attn_residual(kr, w, eps_, X, T, H_, kv, K, V, n0, block ? AttnMask::BlockCausal : AttnMask::Causal,
-                      block ? *block : 1, rows ? rows->data() : nullptr, rows ? (int64_t)rows->size() : 0);
+                      block ? *block : 1, rows_ptr(rows), rows ? (int64_t)rows->size() : 0);
     }
 
     // Several sequences' spans in x, one after another (continuous batching, layers.h): segs is a list of
@@ -675,7 +675,7 @@ class LayerStack {
         if (T == 0) return;
         const Kernels& kr = active_kernels();
         py::gil_scoped_release nogil;
-        attn_residual_segs(kr, w, eps_, X, T, H_, *kv, sg.data(), (int64_t)sg.size(), rows ? rows->data() : nullptr,
+        attn_residual_segs(kr, w, eps_, X, T, H_, *kv, sg.data(), (int64_t)sg.size(), rows_ptr(rows),
                            rows ? (int64_t)rows->size() : 0);
     }
 
@@ -703,6 +703,13 @@ class LayerStack {
             rows.push_back(r);
         }
         return rows;
+    }
+
+    // out_rows for layers.h: nullptr for all rows, else a pointer that is not null even for no rows (an empty
+    // vector's data() may be null, which would mean all of them)
+    static const int64_t* rows_ptr(const std::optional<std::vector<int64_t>>& rows) {
+        static const int64_t none = 0;
+        return !rows ? nullptr : rows->empty() ? &none : rows->data();
     }
 
     static void check_gdn_states(const GdnWeights& w, const py::array& conv_state, const py::array& ssm_state,

@@ -295,6 +295,23 @@ def test_rows_equal_the_full_run(models, name):
     for bad in ([3, 1], [0, 0], [-1], [9]):
         with pytest.raises(ValueError, match="rows must be ascending"):
             m.run(m.new_cache(), ids[:9], commit=True, rows=bad)
+    # the attention call itself: rows outside out_rows are left as they were, and every row's key and value
+    # is written (out_rows=[] too: no query, attention or output work at all)
+    c = m.config
+    i = c.recurrent.index(False)
+    x = np.random.default_rng(7).standard_normal((5, c.n_embd)).astype(np.float32)
+    want_k = np.zeros((8, c.n_head_kv, c.head_dim), np.float32)
+    want_v = want_k.copy()
+    full = x.copy()
+    m._stack.attn(i, full, want_k, want_v, 0, None)
+    for out in ([], [1], [0, 4]):
+        k, v, y = np.zeros_like(want_k), np.zeros_like(want_v), x.copy()
+        m._stack.attn(i, y, k, v, 0, None, out)
+        np.testing.assert_array_equal(k, want_k)
+        np.testing.assert_array_equal(v, want_v)
+        rest = [r for r in range(5) if r not in out]
+        np.testing.assert_array_equal(y[rest], x[rest])
+        np.testing.assert_allclose(y[out], full[out], rtol=1e-5, atol=1e-6)
 
 
 def test_layer_stack_rejects_bad_arguments(models):
