@@ -483,12 +483,9 @@ def test_mode_auto(server, model):
 # ---- the engine alone: batched decoding equals one sequence at a time ----
 
 
-@pytest.mark.parametrize("opts", [dict(max_new_tokens=24), dict(max_new_tokens=24, window=3),
-                                  dict(max_new_tokens=24, reuse=True), dict(max_new_tokens=20, threshold=0.3)])
-def test_engine_batch_equals_serial(model, opts):
-    prompts = [model.tokenize(p) for p in PROMPTS]
-    want = [model.generate_text(p, **opts)["token_ids"] for p in prompts]
-    got = {i: [] for i in range(len(prompts))}
+def collector(n: int):
+    """(got, done, emit_for): got[i] gathers job i's tokens, done is released at each job's end."""
+    got = {i: [] for i in range(n)}
     done = threading.Semaphore(0)
 
     def emit_for(i):
@@ -499,6 +496,15 @@ def test_engine_batch_equals_serial(model, opts):
                 done.release()
         return emit
 
+    return got, done, emit_for
+
+
+@pytest.mark.parametrize("opts", [dict(max_new_tokens=24), dict(max_new_tokens=24, window=3),
+                                  dict(max_new_tokens=24, reuse=True), dict(max_new_tokens=20, threshold=0.3)])
+def test_engine_batch_equals_serial(model, opts):
+    prompts = [model.tokenize(p) for p in PROMPTS]
+    want = [model.generate_text(p, **opts)["token_ids"] for p in prompts]
+    got, done, emit_for = collector(len(prompts))
     eng = engine_mod.Engine(model, parallel=3)  # 4 jobs, 3 slots: one joins when another leaves
     try:
         for i, p in enumerate(prompts):
@@ -516,18 +522,8 @@ def test_engine_slices_a_long_prompt_beside_decoding(model):
     long = model.tokenize(" ".join(["the cat sat on the mat"] * 40))  # 361 tokens
     short = model.tokenize(PROMPTS[0])
     want = [model.generate_text(p, max_new_tokens=32)["token_ids"] for p in (short, long)]
-    got = {0: [], 1: []}
-    done = threading.Semaphore(0)
+    got, done, emit_for = collector(2)
     spans = []  # per batched forward, the token count of each sequence's span
-
-    def emit_for(i):
-        def emit(kind, payload):
-            if kind == "event" and payload.kind == "tokens":
-                got[i].extend(payload.tokens)
-            elif kind == "end":
-                done.release()
-        return emit
-
     run_batch = model.run_batch
     model.run_batch = lambda s: spans.append([len(x[1]) for x in s]) or run_batch(s)
     eng = engine_mod.Engine(model, parallel=2, prefill_slice=40)
