@@ -256,12 +256,14 @@ class Stats:
 @dataclass
 class Event:
     """tokens: ids that just became final (a left-contiguous continuation of what came before);
-    block: the current block (mask id where undecided), for --show-steps; done: the end."""
+    block: the current block (mask id where undecided), for --show-steps; prefill: `progress` = (prompt
+    tokens read, prompt tokens to read), after each chunk of a prompt longer than one chunk; done: the end."""
 
-    kind: str  # "tokens", "step" or "done"
+    kind: str  # "tokens", "step", "prefill" or "done"
     tokens: list[int] = field(default_factory=list)
     block: list[int] = field(default_factory=list)
     stats: Stats | None = None
+    progress: tuple[int, int] | None = None
 
 
 @dataclass
@@ -363,6 +365,8 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
             out = yield Forward(cache, chunk, len(chunk), block_mode, [len(chunk) - 1] if last else [])
             if last:
                 carry = out[0]
+            if n_full > step:  # a long prompt: how far it has been read (the CLI shows it)
+                yield Event("prefill", progress=(s0 + len(chunk), n_full))
     stats.prefill_tokens = n_full
     stats.prefill_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()

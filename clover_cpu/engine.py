@@ -204,7 +204,7 @@ class Engine:
                 Forward(f.cache, f.tokens[cut:], T - cut, f.block, [r - cut for r in f.rows]))
 
     def _deliver(self, job: Job, ev: Event) -> None:
-        if ev.kind == "step" and not job.want_steps:
+        if (ev.kind == "step" and not job.want_steps) or ev.kind == "prefill":  # (the server shows neither)
             return
         if ev.kind == "tokens":
             if ev.tokens and job.first_token_at is None:

@@ -260,6 +260,29 @@ def test_chunked_prefill_equals_one_forward(clover, monkeypatch, chunk):
     whole, _ = collect(clover, prompt, opts)
     monkeypatch.setattr(dec, "PREFILL_CHUNK", chunk)
     assert collect(clover, prompt, opts)[0] == whole == reference_decode(clover, prompt, opts)
+    # each chunk of a prompt longer than one reports how far the prompt has been read (28 whole-block tokens)
+    seen = [ev.progress for ev in decode(clover, prompt, opts) if ev.kind == "prefill"]
+    steps = list(range(chunk, 28, chunk)) + [28]
+    assert seen == [(n, 28) for n in steps]
+
+
+def test_cli_shows_a_long_prompts_progress(clover, monkeypatch, capsys):
+    # on a terminal, `run` draws the prompt's progress on one stderr line and clears it when the prompt is read
+    import sys
+
+    import clover_cpu.decode as dec
+    from clover_cpu.commands.run import generate
+
+    class Args:
+        json, show_steps, reasoning = False, False, "raw"
+
+    monkeypatch.setattr(dec, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    prompt = list(np.random.default_rng(3).integers(5, 500, 29))
+    generate(clover, prompt, dict(max_new_tokens=4, stop_at_eos=False), Args())
+    err = capsys.readouterr().err
+    assert "[prompt] 8 / 28 tokens (28%" in err and "[prompt] 24 / 28 tokens (85%" in err
+    assert err.endswith("\r\x1b[K") and "[prompt] 28 / 28" not in err
 
 
 def test_cleared_cache_equals_a_fresh_one(clover):

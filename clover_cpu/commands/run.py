@@ -286,9 +286,17 @@ def generate(model, prompt, opts, args, out=sys.stdout, cache=None, prompt_text=
     streamer = None if args.json else Streamer(model, sink, splitter_for(model, text, args), args.reasoning)
     ids, stats, interrupted = [], None, False
     t0 = time.perf_counter()
+    # a long prompt's progress, on a terminal: one line on stderr, redrawn per chunk, gone when it is read
+    progress = not args.json and sys.stderr.isatty()
     try:
         for ev in model.generate(prompt_ids, cache=cache, **opts):
-            if ev.kind == "tokens":
+            if ev.kind == "prefill" and progress:
+                done, total = ev.progress
+                rate = done / max(time.perf_counter() - t0, 1e-9)
+                sys.stderr.write("\r\x1b[K" if done >= total else
+                                 f"\r\x1b[K[prompt] {done} / {total} tokens ({100 * done // total}%, {rate:.1f} tok/s)")
+                sys.stderr.flush()
+            elif ev.kind == "tokens":
                 ids.extend(ev.tokens)
                 if streamer:
                     if view:
