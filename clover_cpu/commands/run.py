@@ -288,13 +288,15 @@ def generate(model, prompt, opts, args, out=sys.stdout, cache=None, prompt_text=
     t0 = time.perf_counter()
     # a long prompt's progress, on a terminal: one line on stderr, redrawn per chunk, gone when it is read
     progress = not args.json and sys.stderr.isatty()
+    shown = False  # a progress line is on the terminal now
     try:
         for ev in model.generate(prompt_ids, cache=cache, **opts):
             if ev.kind == "prefill" and progress:
                 done, total = ev.progress
                 rate = done / max(time.perf_counter() - t0, 1e-9)
-                sys.stderr.write("\r\x1b[K" if done >= total else
-                                 f"\r\x1b[K[prompt] {done} / {total} tokens ({100 * done // total}%, {rate:.1f} tok/s)")
+                shown = done < total
+                sys.stderr.write(f"\r\x1b[K[prompt] {done} / {total} tokens ({100 * done // total}%, {rate:.1f} tok/s)"
+                                 if shown else "\r\x1b[K")
                 sys.stderr.flush()
             elif ev.kind == "tokens":
                 ids.extend(ev.tokens)
@@ -307,6 +309,8 @@ def generate(model, prompt, opts, args, out=sys.stdout, cache=None, prompt_text=
             elif ev.kind == "done":
                 stats = ev.stats
     except KeyboardInterrupt:
+        if shown:  # (Ctrl-C while the prompt was read: the line goes, "[interrupted]" follows)
+            sys.stderr.write("\r\x1b[K")
         interrupted = True
         stats = Stats(prompt_tokens=len(prompt_ids), generated_tokens=len(ids), seconds=time.perf_counter() - t0)
     if view:
