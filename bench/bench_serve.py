@@ -289,8 +289,9 @@ def main() -> int:
                 s.stop()
             name = kind + (" " + " ".join(extra) if extra else "")
             out["mixed"][name] = r
+            gap = "n/a (the stream ended first)" if r["max_gap"] is None else f"{r['max_gap']:.2f} s"
             print(f"mixed, {name}: {a.mixed_prompt}-token prompt TTFT {r['ttft']:.2f} s beside a stream whose "
-                  f"longest wait was {r['max_gap']:.2f} s ({r['tokens_during_prompt']} token marks meanwhile)", flush=True)
+                  f"longest wait was {gap} ({r['tokens_during_prompt']} token marks meanwhile)", flush=True)
     _table(out, kinds, levels)
     a.json.write_text(json.dumps(out, indent=2))
     print(f"wrote {a.json}")

@@ -521,14 +521,15 @@ def test_engine_slices_a_long_prompt_beside_decoding(model):
     # tokens (whole blocks), each sharing a forward with the other's step; both answers equal their serial ones
     long = model.tokenize(" ".join(["the cat sat on the mat"] * 40))  # 361 tokens
     short = model.tokenize(PROMPTS[0])
-    want = [model.generate_text(p, max_new_tokens=32)["token_ids"] for p in (short, long)]
+    # (the first request's 96 tokens take ~95 forwards: it is still decoding through the prompt's 9 slices)
+    want = [model.generate_text(p, max_new_tokens=n)["token_ids"] for p, n in ((short, 96), (long, 32))]
     got, done, emit_for = collector(2)
     spans = []  # per batched forward, the token count of each sequence's span
     run_batch = model.run_batch
     model.run_batch = lambda s: spans.append([len(x[1]) for x in s]) or run_batch(s)
     eng = engine_mod.Engine(model, parallel=2, prefill_slice=40)
     try:
-        eng.submit(engine_mod.Job(short, Options(max_new_tokens=32), emit_for(0)))
+        eng.submit(engine_mod.Job(short, Options(max_new_tokens=96), emit_for(0)))
         deadline = time.monotonic() + 60
         while not got[0] and time.monotonic() < deadline:
             time.sleep(0.005)
