@@ -67,8 +67,9 @@ inline __m512 fma_i32(__m512i sum, float s, __m512 acc) {
 
 struct alignas(64) XK4P {  // one super-block of two tokens (the second all zero past the last token)
     int8_t q[2][QK_K];  // q[i][64c + 4L + j] = token i's x[16L + 4c + j]
-    // q5_K: lanes 0-7 token 0, 8-15 token 1, lane j (8 + j) for sub-block j; q4_K: lane 4k + i for token
-    // i / 2 and sub-block 2k + i % 2 (the order vpackssdw + vpmaddwd leave a token pair's sums in)
+    // q5_K: lane 2j + i for token i and sub-block j (the order two in-lane shuffles and blends leave a
+    // token pair's sums in); q4_K: lane 4k + i for token i / 2 and sub-block 2k + i % 2 (the order
+    // vpackssdw + vpmaddwd leave them in)
     float dx[16];  // the token's d
     float bm[16];  // d * (the token's sum of x over the sub-block)
 };
@@ -142,7 +143,7 @@ struct KindQ45K {
         }
     }
     // The float lane of token i (of a pair) and sub-block j (XK4P).
-    static constexpr int lane(int i, int j) { return FIVE ? 8 * i + j : 4 * (j / 2) + 2 * i + j % 2; }
+    static constexpr int lane(int i, int j) { return FIVE ? 2 * j + i : 4 * (j / 2) + 2 * i + j % 2; }
     // tokens x[0] and, unless null, x[1]
     static void reorder(const block_q8_K* const* x, X* out) {
         for (int i = 0; i < 2; i++) {
@@ -180,14 +181,14 @@ struct KindQ45K {
         }
     }
     // (always inlined: called out of line, it costs ~9% of a 32-token MoE through memory round trips)
-    // q5_K: sd = d * scale j in float lanes j and 8 + j. q4_K: sd holds the int16 multipliers of
+    // q5_K: sd = d * scale j in float lanes 2j and 2j + 1. q4_K: sd holds the int16 multipliers of
     // vpmaddwd, scale 2k + i / 2 in words 8k + i and 8k + 4 + i (i < 4), and d = the broadcast d.
     // mins = -dmin * min j in the float lanes of sub-block j (lane()).
     __attribute__((always_inline)) static void scales(const Block* w, __m512* sd, __m512* d, __m512* mins) {
         const __m128i hdr = k4_header(w->scales);
         if constexpr (FIVE) {
-            const __m128i dup8 = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
-            const __m128i mdup8 = _mm_setr_epi8(8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+            const __m128i dup8 = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+            const __m128i mdup8 = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
             *sd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(hdr, dup8))),
                                 _mm512_set1_ps(half(w->d)));
             *d = *sd;
@@ -219,8 +220,7 @@ struct KindQ45K {
     static void tile(const uint8_t* row, U* u, const X* x, int64_t nb, Part* part, const KSpan& ks) {
         const int64_t xs = ks.stride;  // between one token's (entry's) activations and the next's
         constexpr bool PRE = R == Rows::LOAD;
-        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1)), zero = _mm512_setzero_si512();
+        const __m512i zero = _mm512_setzero_si512();
         const Block* w = (const Block*)row;
         constexpr int NP = (RN + 1) / 2;
         __m512 acc[NP];
@@ -246,8 +246,10 @@ struct KindQ45K {
             // q4_K folds in integer: a lane sums at most 16 x 15 x 127 (int16), so vpackssdw packs a
             // pair's sums exactly and vpmaddwd adds each sub-block's two lanes times its scale, in place
             // of two dword permutes and an add (in cache, one thread on Zen 4, 2048 x 512: 8 tokens 201
-            // -> 220 GFLOP/s, 12 tokens 213 -> 240; 32 tokens unchanged); q5_K's sums (weights to 31)
-            // need the permutes.
+            // -> 220 GFLOP/s, 12 tokens 213 -> 240; 32 tokens unchanged). q5_K's sums (weights to 31) do
+            // not fit int16: lane 2j takes token 0's two lanes of sub-block j and lane 2j + 1 token 1's, by
+            // two blends / shuffles within 128-bit lanes and an add (two cross-lane vpermt2d and an add
+            // before, slower on Zen 4).
             __m512 sd, dd, mins;
             if constexpr (PRE) {
                 sd = _mm512_load_ps((const float*)&u[b].sd);
@@ -268,17 +270,22 @@ struct KindQ45K {
                 const X& xp = x[p * xs + b];
                 const __m512i v1 = 2 * p + 1 < RN ? v[2 * p + 1] : zero;  // an odd count: the last token alone
                 __m512i s;
-                if constexpr (FIVE)
-                    s = _mm512_add_epi32(_mm512_permutex2var_epi32(v[2 * p], even, v1),
-                                         _mm512_permutex2var_epi32(v[2 * p], odd, v1));
-                else
+                if constexpr (FIVE) {
+                    const __m512i v0 = v[2 * p];
+                    // a: v0's lane 2j, v1's lane 2j + 1; b: v0's lane 2j + 1 in lane 2j, v1's lane 2j in 2j + 1
+                    const __m512i a = _mm512_mask_blend_epi32(0xAAAA, v0, v1);
+                    const __m512i b = _mm512_mask_shuffle_epi32(_mm512_shuffle_epi32(v0, _MM_PERM_CDAB), 0xAAAA, v1,
+                                                                _MM_PERM_CDAB);
+                    s = _mm512_add_epi32(a, b);
+                } else
                     s = _mm512_madd_epi16(_mm512_packs_epi32(v[2 * p], v1), _mm512_castps_si512(sd));
                 acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dd, _mm512_load_ps(xp.dx)), acc[p]);
                 acc[p] = _mm512_fmadd_ps(mins, _mm512_load_ps(xp.bm), acc[p]);
             }
         }
-        if (!FIVE && ks.last) {  // back to finish's order: lanes 0-7 the even token's, 8-15 the odd one's
-            const __m512i order = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+        if (ks.last) {  // back to finish's order: lanes 0-7 the even token's, 8-15 the odd one's
+            const __m512i order = FIVE ? _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)
+                                       : _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
             for (int p = 0; p < NP; p++) acc[p] = _mm512_permutexvar_ps(order, acc[p]);
         }
         for (int p = 0; p < NP; p++) part[p * ROWS] = acc[p];
