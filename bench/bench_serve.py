@@ -12,8 +12,8 @@ With `--mixed-prompt N`, at --parallel 2: while one stream generates, a second r
 prompt; reported are that request's time to first token and the longest wait between the first stream's
 tokens while the prompt is read (a server that reads the whole prompt in one forward stalls the stream
 for all of it; llama-server's token chunks mark them, and clover-cpu's token counter in /metrics, polled
-every 20 ms). clover-cpu runs it with its --prefill-slice default and, as the no-slicing baseline, with
---prefill-slice 2048.
+every 20 ms, which also counts the prompt request's own token at the window's end). clover-cpu runs it
+with its --prefill-slice default and, as the no-slicing baseline, with --prefill-slice 2048.
 
     python bench/bench_serve.py --model twin-q4_k_m.gguf \
         --llama-server /path/to/llama.cpp/build/bin/llama-server --json bench/results/serve.json
@@ -184,10 +184,13 @@ def mixed(server: Server, prompt_tokens: int, ctx: int, seed: int) -> dict:
     failed: list[BaseException] = []
     first = random_prompt(rng, 32, server.vocab)
 
+    counter = server.kind == "clover-cpu"
+
     def stream():
         try:
-            # sampled: a random-weight model's greedy tokens may all be ones without text (no chunks to time)
-            stream_request(server.url, first, ctx - 64, times, stop, temperature=1.0)
+            # sampled: a random-weight model's greedy tokens may all be ones without text (no chunks to time);
+            # clover-cpu's tokens are marked by its counter alone (its text chunks would mark some twice)
+            stream_request(server.url, first, ctx - 64, None if counter else times, stop, temperature=1.0)
         except BaseException as e:  # (reported below)
             failed.append(e)
 
@@ -203,7 +206,7 @@ def mixed(server: Server, prompt_tokens: int, ctx: int, seed: int) -> dict:
 
     a = threading.Thread(target=stream)
     a.start()
-    probe = threading.Thread(target=poll) if server.kind == "clover-cpu" else None
+    probe = threading.Thread(target=poll) if counter else None
     if probe:
         probe.start()
     deadline = time.perf_counter() + 600
