@@ -8,7 +8,9 @@ aggregate generated tokens/s (all tokens over the wall time of the level), the m
 token, and the server's peak RSS (VmHWM). Then, at one stream, the time to first token of a 512-token
 prompt (median of `--ttft-runs`), and for clover-cpu its share of a request's time outside the model's
 forwards (HTTP, JSON, scheduling and sampling: 1 - busy seconds from /metrics / request wall time).
-With `--mixed-prompt N`, at --parallel 2: while one stream generates, a second request brings an N-token
+With `--conversation N`, at --parallel 1: N requests, each the last one's prompt and `--turn-tokens` new
+tokens (a chat or an agent resending its context), with prompt caching (both servers' default) and, for
+clover-cpu, without it (`cache_prompt: false`); each request's time to first token. With `--mixed-prompt N`, at --parallel 2: while one stream generates, a second request brings an N-token
 prompt; reported are that request's time to first token and the longest wait between the first stream's
 tokens while the prompt is read (a server that reads the whole prompt in one forward stalls the stream
 for all of it; llama-server's token chunks mark them, and clover-cpu's token counter in /metrics, polled
@@ -105,12 +107,14 @@ def start(kind: str, model: Path, parallel: int, threads: int, ctx: int, llama_s
 
 
 def stream_request(url: str, prompt: list[int], max_tokens: int, times: list | None = None,
-                   stop: threading.Event | None = None, temperature: float = 0.0) -> dict:
-    """One streaming /v1/completions request: time to first text, tokens, seconds. `times` gets the
-    arrival time (perf_counter) of every chunk; `stop` set ends the request (the connection closes) at
-    its next chunk."""
+                   stop: threading.Event | None = None, temperature: float = 0.0, extra: dict | None = None) -> dict:
+    """One streaming /v1/completions request: time to first text, tokens, seconds, prompt tokens the
+    server had cached (usage.prompt_tokens_details, where it says). `times` gets the arrival time
+    (perf_counter) of every chunk; `stop` set ends the request (the connection closes) at its next chunk;
+    `extra`: more body fields."""
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": 1,
-                       "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
+                       "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True},
+                       **(extra or {})}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     first, chunks, usage = None, 0, None
@@ -133,7 +137,8 @@ def stream_request(url: str, prompt: list[int], max_tokens: int, times: list | N
                 break
     t = time.perf_counter() - t0
     n = usage["completion_tokens"] if usage else chunks
-    return {"ttft": first if first is not None else t, "tokens": n, "seconds": t}
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    return {"ttft": first if first is not None else t, "tokens": n, "seconds": t, "cached": cached}
 
 
 def random_prompt(rng, n: int, vocab: int) -> list[int]:
@@ -231,6 +236,23 @@ def mixed(server: Server, prompt_tokens: int, ctx: int, seed: int) -> dict:
             "tokens_during_prompt": sum(t0 < t <= t1 for t in times)}
 
 
+def conversation(server: Server, turns: int, turn_tokens: int, max_tokens: int, seed: int,
+                 cache_prompt: bool = True) -> dict:
+    """One stream, `turns` requests: the first a `turn_tokens`-token prompt, each next one the last prompt
+    and `turn_tokens` new tokens (an agent's context growing by a tool's output; the replies left out, so
+    that both servers see the same token ids). Each request's time to first token; `max_tokens` each."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    prompt: list[int] = []
+    rows = []
+    for _ in range(turns):
+        prompt = prompt + random_prompt(rng, turn_tokens, server.vocab)
+        r = stream_request(server.url, prompt, max_tokens, extra={"cache_prompt": cache_prompt})
+        rows.append({"prompt_tokens": len(prompt), "ttft": r["ttft"], "seconds": r["seconds"], "cached": r["cached"]})
+    return {"turns": rows, "seconds": sum(r["seconds"] for r in rows)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True, help="GGUF file both servers load")
@@ -245,6 +267,9 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=2048, help="context per sequence")
     ap.add_argument("--mixed-prompt", type=int, default=0,
                     help="also the mixed test with a prompt of this many tokens (0: skip; --ctx must hold it)")
+    ap.add_argument("--conversation", type=int, default=0,
+                    help="also the growing-context test with this many turns (0: skip; --ctx must hold them)")
+    ap.add_argument("--turn-tokens", type=int, default=512, help="new prompt tokens per turn of --conversation")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "serve.json")
     a = ap.parse_args()
     if not a.model.is_file():
@@ -295,6 +320,22 @@ def main() -> int:
             gap = "n/a (the stream ended first)" if r["max_gap"] is None else f"{r['max_gap']:.2f} s"
             print(f"mixed, {name}: {a.mixed_prompt}-token prompt TTFT {r['ttft']:.2f} s beside a stream whose "
                   f"longest wait was {gap} ({r['tokens_during_prompt']} token marks meanwhile)", flush=True)
+    if a.conversation:
+        out["conversation"] = {}
+        runs = [("clover-cpu", True), ("clover-cpu", False)] + ([("llama-server", True)] if a.llama_server else [])
+        for kind, cached in runs:
+            s = start(kind, a.model, 1, a.threads, a.ctx, a.llama_server, logdir)
+            try:
+                stream_request(s.url, random_prompt(np.random.default_rng(7), 8, s.vocab), 4)
+                r = conversation(s, a.conversation, a.turn_tokens, 16, seed=9, cache_prompt=cached)
+            finally:
+                s.stop()
+            name = kind + ("" if cached else ", cache_prompt off")
+            out["conversation"][name] = r
+            ttfts = ", ".join(f"{t['ttft']:.2f}" for t in r["turns"])
+            held = ", ".join(str(t["cached"]) for t in r["turns"])
+            print(f"conversation, {name}: TTFT per turn {ttfts} s (cached prompt tokens {held}); "
+                  f"{r['seconds']:.1f} s in all", flush=True)
     _table(out, kinds, levels)
     a.json.write_text(json.dumps(out, indent=2))
     print(f"wrote {a.json}")

@@ -156,6 +156,8 @@ class AutoWindow:
 
 
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward
+MARK_BACK = 4  # decode_steps(mark=True): the checkpoint this many tokens before the prompt's end (as llama-server's)
+MARK_MIN = 64  # ... and only where it keeps this many prompt tokens, if it needs a forward of its own
 
 
 def context_needed(used: int, prompt: int, new: int, block: int) -> int:
@@ -315,9 +317,11 @@ def decode(model, prompt_ids, opts: Options, cache=None):
             return
 
 
-def decode_steps(model, prompt_ids, opts: Options, cache=None):
+def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = False):
     """The decoding loop as a coroutine: yields Events, and Forwards whose logits the driver sends back
-    (see Forward). Checks its arguments before the first yield."""
+    (see Forward). Checks its arguments before the first yield. mark: checkpoint the cache (Cache.mark)
+    MARK_BACK tokens before the prompt's end (on the block grid), where a later request that shares the
+    prompt but not what came after it (a chat's next turn, the same prompt again) can resume."""
     c = model.config
     opts.validate()
     B = opts.block_length or c.block_length
@@ -336,6 +340,9 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
     cache = cache if cache is not None else model.new_cache()
     if cache.n % B:
         raise ValueError("the cache must end on a block boundary")
+    if cache.n and cache.block != block_mode:
+        grid = lambda b: f"blocks of {b}" if b else "causal attention"  # noqa: E731
+        raise ValueError(f"the cache was written with {grid(cache.block)}, not {grid(block_mode)}")
     end = context_needed(cache.n, len(prompt), opts.max_new_tokens, B)
     if end > model.ctx_len:
         rounded = end > cache.n + len(prompt) + opts.max_new_tokens
@@ -353,20 +360,31 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None):
 
     # prefill the prompt's full blocks; the tail heads the first block to decode
     t0 = time.perf_counter()
+    cache.block = block_mode
     n_full = (len(prompt) // B) * B
+    # the checkpoint: on the grid, MARK_BACK tokens before the prompt's end; where that needs a forward of
+    # its own (it is not where the prompt's full blocks end), only if it keeps at least MARK_MIN tokens
+    at = (len(prompt) - MARK_BACK) // B * B if mark else 0
+    if at <= 0 or (at < n_full and at < MARK_MIN):
+        at = 0
     carry = None  # logits of the last committed position (predicts the next token when shift)
     if n_full:
         # in chunks (whole blocks) so a long prompt's activations stay small; the caches make it exact
         step = max(B, PREFILL_CHUNK // B * B)
-        for s0 in range(0, n_full, step):
-            chunk = prompt[s0 : min(s0 + step, n_full)]
+        cuts = sorted({*range(step, n_full, step), n_full} | ({at} if at else set()))
+        s0 = 0
+        for s1 in cuts:
+            chunk = prompt[s0:s1]
             # only the last position's logits are ever used, and only with shifted logits
-            last = shift and s0 + step >= n_full
+            last = shift and s1 == n_full
             out = yield Forward(cache, chunk, len(chunk), block_mode, [len(chunk) - 1] if last else [])
             if last:
                 carry = out[0]
+            if s1 == at:
+                cache.mark()
             if n_full > step:  # a long prompt: how far it has been read (the CLI shows it)
-                yield Event("prefill", progress=(s0 + len(chunk), n_full))
+                yield Event("prefill", progress=(s1, n_full))
+            s0 = s1
     stats.prefill_tokens = n_full
     stats.prefill_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -6,6 +6,12 @@ each sequence on its own KV cache and recurrent state) and one output-head produ
 they need, and hands each sequence its logits. A sequence joins or leaves between rounds. Its events
 (tokens as they become final, the end, an error) go to the caller through a callback, from the engine
 thread.
+
+Prompt caching: a finished sequence's cache stays in a pool of `parallel` caches, with what it committed and
+a checkpoint a few tokens before its prompt's end (Cache.mark). A new request takes the cache that already
+holds the longest part of its prompt, whole or back to that checkpoint, and reads only the rest: a chat's
+next turn (the conversation so far, then a new message) or an agent's next step costs its new tokens. The
+caches are those the whole prompt would leave (committing in parts is exact), so the reply is the same.
 """
 
 from __future__ import annotations
@@ -42,10 +48,12 @@ class Job:
     options: Options
     emit: Callable
     want_steps: bool = False  # deliver "step" events (each denoising step's block); else they are dropped here
+    cache_prompt: bool = True  # start from a pooled cache that holds the start of the prompt, if one does
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     stopped: bool = False  # ended by its caller's choice (a stop string), not because the caller left
     first_token_at: float | None = None
+    cached_tokens: int = 0  # prompt tokens a pooled cache already held (not read again)
     forwards: int = 0  # forwards that produced logits for it (each decoding forward, and the prompt's last)
     # engine state
     steps: object = None
@@ -70,6 +78,7 @@ class Metrics:
     requests_failed: int = 0
     requests_cancelled: int = 0
     prompt_tokens_total: int = 0
+    prompt_tokens_cached_total: int = 0  # of those, the ones a pooled cache already held
     generated_tokens_total: int = 0
     forwards_total: int = 0  # batched forwards the engine ran
     sequence_forwards_total: int = 0  # per-sequence forwards in them that gave logits (as Job.forwards counts)
@@ -93,7 +102,8 @@ class Engine:
         self.metrics = Metrics()
         self._waiting: collections.deque[Job] = collections.deque()
         self._active: list[Job] = []
-        self._free_caches: list = []
+        self._free_caches: list = []  # finished sequences' caches, the least recently used first
+        self._caches_made = 0
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="clover-engine", daemon=True)
@@ -163,16 +173,62 @@ class Engine:
             self._finish(job, Cancelled())
             return
         try:
-            job.cache = self._free_caches.pop() if self._free_caches else self.model.new_cache()
-            job.cache.clear()
-            job.steps = decode_steps(self.model, job.prompt_ids, job.options, job.cache)
+            job.cache, job.cached_tokens = self._take_cache(job)
+            job.steps = decode_steps(self.model, job.prompt_ids[job.cached_tokens :], job.options, job.cache,
+                                     mark=True)
             self.metrics.prompt_tokens_total += len(job.prompt_ids)
+            self.metrics.prompt_tokens_cached_total += job.cached_tokens
             self._advance(job, None, first=True)
         except Exception as e:  # a request's bad options or prompt: that request fails, nothing else
             self._finish(job, e)
             return
         if job.pending is not None:
             self._active.append(job)
+
+    def _usable(self, cache, job: Job) -> int:
+        """How many of the job's prompt tokens `cache` can keep: all it holds or its checkpoint, where that
+        is a prefix of the prompt written on the job's block grid (and, with shifted logits, leaves the
+        prompt's last token to read: its logits predict the first new token)."""
+        c = self.model.config
+        B = job.options.block_length or c.block_length
+        if not cache.n or cache.block != (B if c.is_diffusion else None):
+            return 0
+        prompt = job.prompt_ids
+        limit = min(cache.n, len(prompt) - (1 if c.shift_logits else 0))
+        if limit <= 0:
+            return 0
+        differ = np.flatnonzero(np.asarray(cache.tokens[:limit]) != np.asarray(prompt[:limit], dtype=np.int64))
+        common = int(differ[0]) if differ.size else limit
+        for n in (cache.n, cache.mark_n):
+            if n and n <= common and n % B == 0:
+                return n
+        return 0
+
+    def _take_cache(self, job: Job):
+        """A cache for the job and the prompt tokens it holds: the pooled one that holds the most of the
+        prompt (rewound to them); else an empty one, a new one while fewer than `parallel` exist (so that
+        as many conversations stay cached), or the least recently used one, cleared."""
+        best, best_n = None, 0
+        if job.cache_prompt:
+            for cache in self._free_caches:
+                n = self._usable(cache, job)
+                if n > best_n:
+                    best, best_n = cache, n
+        if best is None:
+            empty = [c for c in self._free_caches if not c.n]
+            if empty:
+                cache = empty[0]
+                self._free_caches.remove(cache)
+            elif self._caches_made < self.parallel or not self._free_caches:
+                cache = self.model.new_cache()
+                self._caches_made += 1
+            else:
+                cache = self._free_caches.pop(0)
+            cache.clear()
+            return cache, 0
+        self._free_caches.remove(best)
+        best.rewind(best_n)
+        return best, best_n
 
     def _advance(self, job: Job, out, first: bool = False) -> None:
         """Run the job's loop until it asks for its next forward (job.pending) or ends."""
@@ -218,9 +274,16 @@ class Engine:
             job.steps.close()
             job.steps = None
         if job.cache is not None:
-            if len(self._free_caches) < self.parallel:
-                self._free_caches.append(job.cache)
-            job.cache = None
+            cache, job.cache = job.cache, None
+            o = job.options
+            if error is not None and not isinstance(error, Cancelled):
+                cache.clear()  # (a forward that failed may have left some layers' states advanced)
+            elif o.reuse or (o.mode == "auto" and not self.model.config.shift_logits):
+                # approximate decoding commits states exact decoding would not: keep the prompt's part only
+                cache.rewind(cache.mark_n or 0)
+            self._free_caches.append(cache)
+            if len(self._free_caches) > self.parallel:
+                self._free_caches.pop(0)
         if isinstance(error, Cancelled):
             self.metrics.requests_cancelled += not job.stopped
         elif error is not None:

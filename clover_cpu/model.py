@@ -78,7 +78,7 @@ def aligned_zeros(shape, align: int = 64) -> np.ndarray:
     return buf[skip : skip + n].reshape(shape)
 
 
-@dataclass
+@dataclass(eq=False)  # (a cache is one sequence's: equal only to itself)
 class Cache:
     """Per sequence: attention keys/values (F16 by default, F32 or Q8_0 blocks) per attention layer, GDN
     recurrent state and conv state (F32) per GDN layer. `n` tokens are committed; positions are 0..n-1."""
@@ -92,6 +92,13 @@ class Cache:
     n: int = 0
     capacity_limit: int = 0
     tokens: list = field(default_factory=list)  # the committed token ids (positions 0..n-1)
+    # the block grid the committed positions were written on (None: causal attention); set by the decoder
+    block: int | None = None
+    # a checkpoint (`mark`): the length and the GDN / conv states there, so that the cache can go back to
+    # it (`rewind`) after later commits; the attention rows before it are never written again
+    mark_n: int | None = None
+    mark_ssm: dict[int, np.ndarray] = field(default_factory=dict)
+    mark_conv: dict[int, np.ndarray] = field(default_factory=dict)
 
     def reserve(self, layer: int, n_total: int, row_shape: tuple[int, int], dtype) -> None:
         """Grow the KV arrays of a layer to hold n_total rows of row_shape (doubling: allocated lazily up to
@@ -124,8 +131,37 @@ class Cache:
         the 35B shape's 60 MB of GDN state on a 2-core x86 VM); a cleared one does not."""
         self.n = 0
         self.tokens = []
+        self.block = None
+        self.mark_n = None
         for a in (*self.ssm.values(), *self.conv.values()):
             a[...] = 0
+
+    def mark(self) -> None:
+        """Checkpoint the current length: `rewind(n)` can later come back to it. Copies the recurrent and
+        conv states (the only state a later commit overwrites; attention rows are append-only), into
+        buffers kept from the last mark, so a mark per request costs a copy, not page faults."""
+        for live, saved, make in ((self.ssm, self.mark_ssm, aligned_zeros),
+                                  (self.conv, self.mark_conv, lambda shape: np.zeros(shape, np.float32))):
+            for i, a in live.items():
+                if i not in saved or saved[i].shape != a.shape:
+                    saved[i] = make(a.shape)
+                np.copyto(saved[i], a)
+        self.mark_n = self.n
+
+    def rewind(self, n: int) -> None:
+        """Back to length n: the current length, the mark, or 0 (a cleared cache)."""
+        if n == self.n:
+            return
+        if n == 0:
+            self.clear()
+            return
+        if n != self.mark_n or n > self.n:
+            raise ValueError(f"the cache can go back to its mark ({self.mark_n}) or to 0, not to {n}")
+        for live, saved in ((self.ssm, self.mark_ssm), (self.conv, self.mark_conv)):
+            for i, a in live.items():
+                np.copyto(a, saved[i])
+        self.n = n
+        del self.tokens[n:]
 
     def snapshot(self) -> "Cache":
         """A copy that later `restore` can return to (for a chat that continues)."""
@@ -143,7 +179,9 @@ class Cache:
         return Cache(k={i: a.copy() for i, a in self.k.items()}, v={i: a.copy() for i, a in self.v.items()},
                      ssm={i: aligned_copy(a) for i, a in self.ssm.items()},
                      conv={i: a.copy() for i, a in self.conv.items()}, n=self.n,
-                     capacity_limit=self.capacity_limit, tokens=list(self.tokens))
+                     capacity_limit=self.capacity_limit, tokens=list(self.tokens), block=self.block,
+                     mark_n=self.mark_n, mark_ssm={i: aligned_copy(a) for i, a in self.mark_ssm.items()},
+                     mark_conv={i: a.copy() for i, a in self.mark_conv.items()})
 
 
 # ---- the model ----

@@ -92,6 +92,8 @@ class CloverFields(_Body):
     scorer: Literal["prob", "margin", "entropy"] = "prob"
     top_k: int = Field(0, ge=0)
     ignore_eos: bool = False
+    # start from a finished request's caches where they hold the start of the prompt (llama-server's name)
+    cache_prompt: bool = True
     show_steps: bool = False  # streamed: each denoising step's block ("clover_step" chunks; masks as null)
 
 
@@ -643,7 +645,7 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
     def emit(kind, payload):  # (the engine thread)
         loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
 
-    job = Job(prompt_ids, opts, emit, want_steps=bool(body.show_steps))
+    job = Job(prompt_ids, opts, emit, want_steps=bool(body.show_steps), cache_prompt=body.cache_prompt)
     try:
         engine.submit(job)
     except QueueFull:
@@ -711,7 +713,8 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
     def usage(stats) -> dict:
         # after a stop string: the tokens up to the one that completed it, however far the job had gone
         n = generated if reply.stopped or stats is None else stats.generated_tokens
-        return {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n}
+        return {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n,
+                "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
 
     def clover_stats(stats) -> dict:
         if stats is None:
@@ -874,7 +877,9 @@ def _prometheus(state: State) -> str:
         metric("requests_failed_total", "counter", "Generation requests that failed.", m.requests_failed)
         metric("requests_cancelled_total", "counter", "Generations stopped early (client gone, stop string).",
                m.requests_cancelled)
-        metric("prompt_tokens_total", "counter", "Prompt tokens processed.", m.prompt_tokens_total)
+        metric("prompt_tokens_total", "counter", "Prompt tokens received.", m.prompt_tokens_total)
+        metric("prompt_tokens_cached_total", "counter", "Prompt tokens not read again: an earlier request's caches "
+               "held them.", m.prompt_tokens_cached_total)
         metric("generated_tokens_total", "counter", "Tokens generated.", m.generated_tokens_total)
         metric("forwards_total", "counter", "Batched forwards run.", m.forwards_total)
         metric("sequence_forwards_total", "counter", "Per-sequence forwards (a batched forward counts each).",

@@ -109,6 +109,28 @@ def test_completion_equals_generate_text(server, model):
         assert extra["forwards"] >= 1 and extra["tokens_per_forward"] > 0
 
 
+def test_prompt_cache_in_usage_and_metrics(server, model):
+    # the same long prompt twice: the second request starts from the first one's checkpoint, a few tokens
+    # before the prompt's end (blocks of 8), and says so in usage.prompt_tokens_details; the reply is the same
+    c = server.client()
+    ids = model.tokenize("def fibonacci(n):\n    return n\n" * 8)
+    assert len(ids) > 70
+
+    def cached_metric():
+        text = httpx.get(server.url + "/metrics").text
+        return int(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("clover_prompt_tokens_cached_total ")))
+
+    before = cached_metric()
+    r1 = c.completions.create(model="x", prompt=ids, max_tokens=12, extra_body={"ignore_eos": True})
+    r2 = c.completions.create(model="x", prompt=ids, max_tokens=12, extra_body={"ignore_eos": True})
+    r3 = c.completions.create(model="x", prompt=ids, max_tokens=12, extra_body={"ignore_eos": True, "cache_prompt": False})
+    assert r1.choices[0].text == r2.choices[0].text == r3.choices[0].text
+    n = (len(ids) - 4) // 8 * 8
+    assert r2.usage.prompt_tokens_details.cached_tokens == n and r2.usage.prompt_tokens == len(ids)
+    assert r3.usage.prompt_tokens_details.cached_tokens == 0
+    assert cached_metric() - before == n + r1.usage.prompt_tokens_details.cached_tokens
+
+
 def test_streaming_equals_whole(server):
     c = server.client()
     whole = c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hello there"}], max_tokens=24)
@@ -319,7 +341,7 @@ def scripted(monkeypatch):
     box = {}
     seen = []
 
-    def fake_steps(model, prompt_ids, opts, cache=None):
+    def fake_steps(model, prompt_ids, opts, cache=None, mark=False):
         seen.append(model.tokenizer.decode(list(prompt_ids), skip_special=False))
         box["ids"] = list(prompt_ids)
         ids = model.tokenize(box["text"])

@@ -1,0 +1,232 @@
+"""Prompt caching: Cache.mark / rewind, the decoder's checkpoint before a prompt's end, and the server
+engine starting a request from a finished one's caches. Every reply must equal the one decoded from an
+empty cache; the tests also check how many prompt tokens were not read again."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import clover_cpu
+from clover_cpu import engine as engine_mod
+from clover_cpu.decode import MARK_BACK, Options, decode_steps, run_forward
+
+SHIPPED = clover_cpu.shipped_model()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return clover_cpu.load(SHIPPED, threads=1)
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    import qwen_fixtures
+
+    path = qwen_fixtures.converted_model(tmp_path_factory, chat_template=qwen_fixtures.template())
+    return clover_cpu.load(path, threads=1)
+
+
+def states(cache):
+    return ({i: a.copy() for i, a in cache.ssm.items()}, {i: a.copy() for i, a in cache.conv.items()},
+            {i: a[: cache.n].copy() for i, a in cache.k.items()}, {i: a[: cache.n].copy() for i, a in cache.v.items()})
+
+
+def same(a, b):
+    return all(a[j].keys() == b[j].keys() and all(np.array_equal(a[j][i], b[j][i]) for i in a[j]) for j in range(4))
+
+
+def test_mark_and_rewind(model):
+    B = model.config.block_length
+    rng = np.random.default_rng(0)
+    cache = model.new_cache()
+    model.run(cache, rng.integers(5, 500, 3 * B), commit=True, block=B)
+    cache.mark()
+    at_mark, tokens = states(cache), list(cache.tokens)
+    model.run(cache, rng.integers(5, 500, 2 * B), commit=True, block=B)
+    with pytest.raises(ValueError, match="its mark"):
+        cache.rewind(4 * B)
+    cache.rewind(3 * B)
+    assert cache.n == 3 * B and cache.tokens == tokens and same(states(cache), at_mark)
+    # the mark stays: on again, and back again
+    model.run(cache, rng.integers(5, 500, B), commit=True, block=B)
+    cache.rewind(3 * B)
+    assert same(states(cache), at_mark)
+    # a snapshot keeps the mark; clear drops it
+    snap = cache.snapshot()
+    assert snap.mark_n == 3 * B and snap.block == cache.block
+    cache.rewind(0)
+    assert cache.n == 0 and cache.mark_n is None and not cache.tokens
+    with pytest.raises(ValueError):
+        cache.rewind(3 * B)
+
+
+def drive(model, prompt, opts, cache, **kw):
+    """decode_steps run to the end: (tokens, the cache length after each forward)."""
+    steps, toks, lengths = decode_steps(model, prompt, opts, cache, **kw), [], []
+    msg = next(steps)
+    while True:
+        out = None
+        if hasattr(msg, "commit"):
+            out = run_forward(model, msg)
+            lengths.append(cache.n)
+        elif msg.kind == "tokens":
+            toks += msg.tokens
+        try:
+            msg = steps.send(out)
+        except StopIteration:
+            return toks, lengths
+
+
+@pytest.mark.parametrize("n_prompt", [70, 100, 3])
+def test_decoder_marks_before_the_prompt_end(model, n_prompt):
+    B = model.config.block_length
+    prompt = list(np.random.default_rng(n_prompt).integers(5, 500, n_prompt))
+    opts = Options(max_new_tokens=12, stop_at_eos=False)
+    want, _ = drive(model, prompt, opts, model.new_cache())
+    cache = model.new_cache()
+    got, lengths = drive(model, prompt, opts, cache, mark=True)
+    assert got == want
+    at = (n_prompt - MARK_BACK) // B * B
+    if at <= 0:
+        assert cache.mark_n is None
+    else:
+        assert cache.mark_n == at and at in lengths  # (70: a forward of its own ends there; 100: the prefill's end)
+        assert cache.tokens[:at] == prompt[:at]
+
+
+def test_a_cache_written_on_another_grid_is_refused(model):
+    cache = model.new_cache()
+    drive(model, list(range(5, 30)), Options(max_new_tokens=4, stop_at_eos=False), cache)
+    with pytest.raises(ValueError, match="blocks of 8, not blocks of 4"):
+        drive(model, [7, 8, 9], Options(max_new_tokens=4, block_length=4), cache)
+
+
+class Runner:
+    """One engine; `ask` submits a job and waits for it: (tokens, cached prompt tokens)."""
+
+    def __init__(self, model, **kw):
+        self.eng = engine_mod.Engine(model, **kw)
+
+    def ask(self, prompt, timeout=120, cache_prompt=True, **opts):
+        got, done, err = [], threading.Event(), []
+
+        def emit(kind, payload):
+            if kind == "event" and payload.kind == "tokens":
+                got.extend(payload.tokens)
+            elif kind == "error":
+                err.append(payload)
+            elif kind == "end":
+                done.set()
+
+        job = engine_mod.Job(list(prompt), Options(**opts), emit, cache_prompt=cache_prompt)
+        self.eng.submit(job)
+        assert done.wait(timeout)
+        if err:
+            raise err[0]
+        return got, job.cached_tokens
+
+
+@pytest.fixture
+def runner(request):
+    made = []
+
+    def make(model, **kw):
+        made.append(Runner(model, **kw))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.eng.shutdown(30)
+
+
+def fresh(model, prompt, **opts):
+    return model.generate_text(list(prompt), **opts)["token_ids"]
+
+
+@pytest.mark.parametrize("which", ["model", "qwen"])
+def test_engine_reuses_a_conversation(which, request, runner):
+    """A chat's turns: each prompt is the last one, its reply and a new message; the same prompt again; a
+    prompt that shares only the first prompt's start. Each reply equals the one from an empty cache."""
+    m = request.getfixturevalue(which)
+    B = m.config.block_length if m.config.is_diffusion else 1
+    rng = np.random.default_rng(1)
+    opts = dict(max_new_tokens=10, stop_at_eos=False)
+    r = runner(m, parallel=2)
+    p1 = list(rng.integers(5, 500, 90))
+    a1, cached = r.ask(p1, **opts)
+    assert a1 == fresh(m, p1, **opts) and cached == 0
+    # turn 2: the conversation so far and a new message: the whole cache is kept
+    p2 = p1 + a1 + list(rng.integers(5, 500, 75))
+    a2, cached = r.ask(p2, **opts)
+    assert a2 == fresh(m, p2, **opts)
+    assert cached >= len(p1) // B * B and cached % B == 0
+    # the same prompt again: back to the checkpoint MARK_BACK tokens before its end
+    a2b, cached = r.ask(p2, **opts)
+    assert a2b == a2 and cached == (len(p2) - MARK_BACK) // B * B
+    # a reply the client changed: the last turn's checkpoint still holds the conversation before it
+    p3 = p2 + [a2[0] + 1 if a2[0] < 499 else 5] + list(rng.integers(5, 500, 20))
+    a3, cached = r.ask(p3, **opts)
+    assert a3 == fresh(m, p3, **opts) and cached == (len(p2) - MARK_BACK) // B * B
+    # cache_prompt off: read whole
+    a3b, cached = r.ask(p3, cache_prompt=False, **opts)
+    assert a3b == a3 and cached == 0
+    # another prompt entirely
+    p4 = list(rng.integers(5, 500, 40))
+    a4, cached = r.ask(p4, **opts)
+    assert a4 == fresh(m, p4, **opts) and cached == 0
+
+
+def test_engine_pool_keeps_several_conversations(model, runner):
+    rng = np.random.default_rng(2)
+    opts = dict(max_new_tokens=8, stop_at_eos=False)
+    r = runner(model, parallel=2)
+    convs = [list(rng.integers(5, 500, 80)) for _ in range(2)]
+    answers = [r.ask(p, **opts)[0] for p in convs]
+    for p, a in zip(convs, answers):  # each next turn finds its own conversation's cache in the pool
+        nxt = p + a + list(rng.integers(5, 500, 30))
+        got, cached = r.ask(nxt, **opts)
+        assert got == fresh(model, nxt, **opts) and cached >= 72
+
+
+def test_engine_block_length_and_approximate_decoding(model, runner):
+    rng = np.random.default_rng(3)
+    B = model.config.block_length
+    r = runner(model, parallel=1)
+    p = list(rng.integers(5, 500, 85))
+    r.ask(p, max_new_tokens=8, stop_at_eos=False)
+    # another block length: the cache's grid does not fit, so nothing is kept
+    got, cached = r.ask(p + [9, 10], max_new_tokens=8, stop_at_eos=False, block_length=4)
+    assert cached == 0 and got == fresh(model, p + [9, 10], max_new_tokens=8, stop_at_eos=False, block_length=4)
+    # approximate decoding (reuse): what it committed after the prompt is dropped at its end
+    a, _ = r.ask(p, max_new_tokens=16, stop_at_eos=False, reuse=True)
+    nxt = p + a + [11, 12, 13]
+    got, cached = r.ask(nxt, max_new_tokens=8, stop_at_eos=False)
+    assert cached == (len(p) - MARK_BACK) // B * B
+    assert got == fresh(model, nxt, max_new_tokens=8, stop_at_eos=False)
+
+
+def test_engine_failed_forward_leaves_no_cache(model, runner):
+    rng = np.random.default_rng(4)
+    p = list(rng.integers(5, 500, 80))
+    r = runner(model, parallel=1)
+    r.ask(p, max_new_tokens=4, stop_at_eos=False)
+    calls = []
+    run_batch = model.run_batch
+
+    def failing(spans):
+        calls.append(1)
+        if len(calls) == 2:  # the second forward of the next request fails
+            raise MemoryError("out of memory")
+        return run_batch(spans)
+
+    model.run_batch = failing
+    try:
+        with pytest.raises(engine_mod.ForwardFailed):
+            r.ask(p + [5, 6, 7, 8, 9], max_new_tokens=8, stop_at_eos=False)
+    finally:
+        del model.run_batch
+    got, cached = r.ask(p + [5, 6, 7, 8, 9], max_new_tokens=8, stop_at_eos=False)
+    assert cached == 0 and got == fresh(model, p + [5, 6, 7, 8, 9], max_new_tokens=8, stop_at_eos=False)
