@@ -157,7 +157,7 @@ class AutoWindow:
 
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward
 MARK_BACK = 4  # decode_steps(mark=True): the checkpoint this many tokens before the prompt's end (as llama-server's)
-MARK_MIN = 64  # ... and only where it keeps this many prompt tokens, if it needs a forward of its own
+MARK_MIN = 64  # ... and, where that needs a forward of its own, only at a position past this many tokens
 
 
 def context_needed(used: int, prompt: int, new: int, block: int) -> int:
@@ -300,10 +300,10 @@ def run_forward(model, f: Forward):
 # ---- the loop ----
 
 
-def decode(model, prompt_ids, opts: Options, cache=None):
+def decode(model, prompt_ids, opts: Options, cache=None, *, mark: bool = False):
     """Generate after prompt_ids; yields Events. `cache` may hold an earlier conversation (its committed
-    length must be a multiple of the block length); it is extended in place."""
-    steps = decode_steps(model, prompt_ids, opts, cache)
+    length must be a multiple of the block length); it is extended in place (mark: decode_steps)."""
+    steps = decode_steps(model, prompt_ids, opts, cache, mark=mark)
     msg = next(steps)
     while True:
         if isinstance(msg, Forward):
@@ -363,9 +363,10 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
     cache.block = block_mode
     n_full = (len(prompt) // B) * B
     # the checkpoint: on the grid, MARK_BACK tokens before the prompt's end; where that needs a forward of
-    # its own (it is not where the prompt's full blocks end), only if it keeps at least MARK_MIN tokens
+    # its own (it is not where the prompt's full blocks end), only past MARK_MIN tokens of context (a short
+    # context costs little to read again)
     at = (len(prompt) - MARK_BACK) // B * B if mark else 0
-    if at <= 0 or (at < n_full and at < MARK_MIN):
+    if at <= 0 or (at < n_full and cache.n + at < MARK_MIN):
         at = 0
     carry = None  # logits of the last committed position (predicts the next token when shift)
     if n_full:

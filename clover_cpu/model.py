@@ -678,16 +678,17 @@ class Model:
                 return
             h = self.run(cache, [tok], commit=True, logits=False)
 
-    def generate(self, prompt, *, cache: Cache | None = None, **options):
+    def generate(self, prompt, *, cache: Cache | None = None, mark: bool = False, **options):
         """Decode after `prompt` (text or token ids); yields clover_cpu.decode.Event objects as tokens
         become final. Options (keyword-only): max_new_tokens, temperature, top_k, top_p, seed, threshold,
         block_length, max_steps, window, reuse, mode ("exact" | "auto"), policy ("threshold" | "fixed"),
         scorer ("prob" | "margin" | "entropy"), stop_at_eos. Defaults come from the file (Clover's threshold and block length). `cache` continues
-        an earlier context (ending on a block boundary) and is extended in place."""
+        an earlier context (ending on a block boundary) and is extended in place; mark=True checkpoints it a
+        few tokens before the prompt's end (Cache.mark), where `cache.rewind(cache.mark_n)` can return to."""
         from .decode import Options, decode
 
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        yield from decode(self, ids, Options(**options), cache=cache)
+        yield from decode(self, ids, Options(**options), cache=cache, mark=mark)
 
     def generate_text(self, prompt, **options) -> dict:
         """The whole generation at once: text, token_ids and the statistics (prompt_tokens,

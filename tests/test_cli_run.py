@@ -147,3 +147,20 @@ def test_kv_type_q8_0_needs_head_dim_multiple_of_32(tmp_path):
     convert(tmp_path / "hf", tmp_path / "m.gguf", out_type="f32", log=lambda s: None, progress=False)
     r = run("-m", tmp_path / "m.gguf", "-p", "x", "--kv-type", "q8_0")
     assert r.returncode == 2 and "multiple of 32" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_chat_resumes_from_the_checkpoint(tmp_path_factory):
+    # Qwen3.5's real template, a random model: the next turn's rendering of the last reply differs from the
+    # tokens generated (the template re-renders the turn; the random reply's text re-encodes differently), so
+    # the caches go back to their checkpoint 4 tokens before the last prompt's end instead of starting over
+    import qwen_fixtures
+
+    path = qwen_fixtures.converted_model(tmp_path_factory, chat_template=qwen_fixtures.template())
+    first = "tell me something long about the weather in the mountains of the north, " * 6  # (> 64 tokens)
+    r = run("-m", path, "--chat", "-n", "12", "--ignore-eos", "--think", "on", "--json",
+            stdin=first + "\nand again a longer turn here\nthird\n\n")
+    assert r.returncode == 0, r.stderr
+    turns = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(turns) == 3 and turns[0]["reused_tokens"] == 0
+    assert turns[1]["reused_tokens"] == turns[0]["prompt_tokens"] - 4
+    assert turns[2]["reused_tokens"] == turns[1]["reused_tokens"] + turns[1]["prompt_tokens"] - 4

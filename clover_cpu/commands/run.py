@@ -270,7 +270,7 @@ def splitter_for(model, prompt_text: str, args):
     return ReasoningSplitter(opens_thinking(prompt_text))
 
 
-def generate(model, prompt, opts, args, out=sys.stdout, cache=None, prompt_text=None):
+def generate(model, prompt, opts, args, out=sys.stdout, cache=None, prompt_text=None, mark=False):
     """Run one generation, streaming to `out` unless --json; returns (token ids, stats, interrupted).
     Interrupted (Ctrl-C), the stats hold what is known: the prompt's and the generated tokens and the
     seconds so far (forwards is 0)."""
@@ -290,7 +290,7 @@ def generate(model, prompt, opts, args, out=sys.stdout, cache=None, prompt_text=
     progress = not args.json and sys.stderr.isatty()
     shown = False  # a progress line is on the terminal now
     try:
-        for ev in model.generate(prompt_ids, cache=cache, **opts):
+        for ev in model.generate(prompt_ids, cache=cache, mark=mark, **opts):
             if ev.kind == "prefill" and progress:
                 done, total = ev.progress
                 rate = done / max(time.perf_counter() - t0, 1e-9)
@@ -429,7 +429,7 @@ def main(args: argparse.Namespace) -> int:
 def chat(model, opts, args) -> int:
     """Multi-turn chat: the file's chat template (sandboxed, clover_cpu.chat) renders the conversation, and
     control tokens typed in a message stay text. The caches are kept between turns as long as the new
-    rendering extends what is already committed. --json: one JSON object per turn on stdout."""
+    rendering extends what is already committed, else back to a checkpoint before the last prompt's end. --json: one JSON object per turn on stdout."""
     tpl = model.chat_template
     if tpl is None:
         name = model.file.path.name
@@ -469,10 +469,17 @@ def chat(model, opts, args) -> int:
         else:
             ids = tpl.encode(text)
         if ids[: cache.n] != cache.tokens:
-            cache = model.new_cache()
+            # the rendering changed what came before (a template that drops an earlier turn's reasoning): back to
+            # the checkpoint a few tokens before the last prompt's end, if the conversation still starts with it
+            m = cache.mark_n
+            if m and m < len(ids) and ids[:m] == cache.tokens[:m]:
+                cache.rewind(m)
+            else:
+                cache = model.new_cache()
         reused = cache.n
         plain = tpl.unmark(text)
-        out, stats, interrupted = generate(model, ids[cache.n :], opts, args, cache=cache, prompt_text=plain)
+        out, stats, interrupted = generate(model, ids[cache.n :], opts, args, cache=cache, prompt_text=plain,
+                                           mark=True)
         fields = reply_fields(model, out, plain, args)
         if args.json:
             d = {"role": "assistant", **fields, "token_ids": out, **json_stats(stats, interrupted)}
