@@ -11,7 +11,8 @@ Prompt caching: a finished sequence's cache stays in a pool of `parallel` caches
 a checkpoint a few tokens before its prompt's end (Cache.mark). A new request takes the cache that already
 holds the longest part of its prompt, whole or back to that checkpoint, and reads only the rest: a chat's
 next turn (the conversation so far, then a new message) or an agent's next step costs its new tokens. The
-caches are those the whole prompt would leave (committing in parts is exact), so the reply is the same.
+caches are those the whole prompt would leave (committing in parts gives the same states, up to float
+rounding where a part takes another kernel path), so the reply is the same, as with batching.
 """
 
 from __future__ import annotations
