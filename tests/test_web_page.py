@@ -10,6 +10,7 @@ it looks after a reply (docs/chat-page.png is made that way).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -131,6 +132,10 @@ def test_chat_page_streams_a_reply(live, browser):
     _wait(d, lambda d: len(_assistant(d)) == 2 and "tokens per forward" in
           _assistant(d)[1].find_element(By.CLASS_NAME, "stats").text)
     assert len(d.find_elements(By.CSS_SELECTOR, ".msg.user")) == 2
+    # the second turn started from the first one's caches (prompt caching), and says how much it kept
+    second = _assistant(d)[1].find_element(By.CLASS_NAME, "stats").text
+    prompt_tokens, cached = (int(x) for x in re.search(r"prompt (\d+) tokens, (\d+) cached", second).groups())
+    assert 0 < cached < prompt_tokens, second
     d.find_element(By.ID, "clear").click()
     assert not d.find_elements(By.CSS_SELECTOR, ".msg")
 
