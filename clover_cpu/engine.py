@@ -7,7 +7,8 @@ they need, and hands each sequence its logits. A sequence joins or leaves betwee
 (tokens as they become final, the end, an error) go to the caller through a callback, from the engine
 thread.
 
-Prompt caching: a finished sequence's cache stays in a pool of `parallel` caches, with what it committed and
+Prompt caching: a finished sequence's cache stays in a pool (`cache_slots` caches in all, those decoding
+included; default `parallel`), with what it committed and
 a checkpoint a few tokens before its prompt's end (Cache.mark). A new request takes the cache that already
 holds the longest part of its prompt, whole or back to that checkpoint, and reads only the rest: a chat's
 next turn (the conversation so far, then a new message) or an agent's next step costs its new tokens. The
@@ -91,13 +92,17 @@ class Engine:
     """Runs Jobs on `model` with up to `parallel` sequences per batched forward; at most `max_queue`
     jobs wait for a slot (submit raises QueueFull beyond that)."""
 
-    def __init__(self, model, *, parallel: int = 4, max_queue: int = 64, prefill_slice: int = 256):
+    def __init__(self, model, *, parallel: int = 4, max_queue: int = 64, prefill_slice: int = 256,
+                 cache_slots: int | None = None):
         if parallel < 1:
             raise ValueError("parallel must be >= 1")
         if max_queue < 0:
             raise ValueError("max_queue must be >= 0")
         if prefill_slice < 1:
             raise ValueError("prefill_slice must be >= 1")
+        if cache_slots is not None and cache_slots < parallel:
+            raise ValueError("cache_slots must be >= parallel")
+        self.cache_slots = cache_slots or parallel
         self.model, self.parallel, self.max_queue = model, parallel, max_queue
         self.prefill_slice = prefill_slice
         self.metrics = Metrics()
@@ -207,7 +212,7 @@ class Engine:
 
     def _take_cache(self, job: Job):
         """A cache for the job and the prompt tokens it holds: the pooled one that holds the most of the
-        prompt (rewound to them); else an empty one, a new one while fewer than `parallel` exist (so that
+        prompt (rewound to them); else an empty one, a new one while fewer than `cache_slots` exist (so that
         as many conversations stay cached), or the least recently used one, cleared."""
         best, best_n = None, 0
         if job.cache_prompt:
@@ -220,7 +225,7 @@ class Engine:
             if empty:
                 cache = empty[0]
                 self._free_caches.remove(cache)
-            elif self._caches_made < self.parallel or not self._free_caches:
+            elif self._caches_made < self.cache_slots or not self._free_caches:
                 cache = self.model.new_cache()
                 self._caches_made += 1
             else:
@@ -283,8 +288,9 @@ class Engine:
                 # approximate decoding commits states exact decoding would not: keep the prompt's part only
                 cache.rewind(cache.mark_n or 0)
             self._free_caches.append(cache)
-            if len(self._free_caches) > self.parallel:
+            if self._caches_made > self.cache_slots:  # (made beyond the slots while all were in use)
                 self._free_caches.pop(0)
+                self._caches_made -= 1
         if isinstance(error, Cancelled):
             self.metrics.requests_cancelled += not job.stopped
         elif error is not None:

@@ -157,7 +157,7 @@ class Settings:
     def __init__(self, model_path, *, parallel: int = 4, api_key: str | None = None, max_queue: int = 64,
                  max_body_bytes: int = 4 << 20, max_tokens_limit: int | None = None, default_max_tokens: int = 512,
                  threads: int | None = None, ctx_len: int | None = None, kv_type: str = "f16", alias: str | None = None,
-                 prefill_slice: int = 256, load=None):
+                 prefill_slice: int = 256, cache_slots: int | None = None, load=None):
         self.model_path = Path(model_path)
         self.parallel, self.api_key, self.max_queue = parallel, api_key, max_queue
         self.max_body_bytes, self.max_tokens_limit, self.default_max_tokens = max_body_bytes, max_tokens_limit, \
@@ -165,6 +165,7 @@ class Settings:
         self.threads, self.ctx_len, self.kv_type = threads, ctx_len, kv_type
         self.alias = alias or self.model_path.stem
         self.prefill_slice = prefill_slice
+        self.cache_slots = cache_slots
         self.load = load  # (tests: a function returning the model)
 
 
@@ -246,7 +247,8 @@ class State:
 
                 self.template = ChatTemplate(CHATML, tokenizer=self.model.tokenizer,
                                              special_tokens=self.model.tokenizer.special_token_strings())
-            self.engine = Engine(self.model, parallel=s.parallel, max_queue=s.max_queue, prefill_slice=s.prefill_slice)
+            self.engine = Engine(self.model, parallel=s.parallel, max_queue=s.max_queue, prefill_slice=s.prefill_slice,
+                                 cache_slots=s.cache_slots)
         except Exception as e:  # reported by /health and every request
             self.load_error = f"{type(e).__name__}: {e}"
         finally:

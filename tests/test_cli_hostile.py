@@ -75,7 +75,7 @@ def test_run_refuses_bad_flags_in_one_line(extra):
     ["bench", "--tests", "bogus", "--no-llama"], ["bench", "--threads", "0", "--no-llama"],
     ["serve", "--port", "99999"], ["serve", "--port", "-1"], ["serve", "--host", "999.1.1.1"],
     ["serve", "--host", "name.invalid"], ["serve", "--threads", "0"], ["serve", "--parallel", "0"],
-    ["serve", "--prefill-slice", "0"],
+    ["serve", "--prefill-slice", "0"], ["serve", "--parallel", "4", "--cache-slots", "2"],
     ["serve", "-m", "/nonexistent"], ["serve", "-m", "/etc/passwd"],
 ], ids=lambda a: " ".join(a))
 def test_every_command_refuses_in_one_line(args, tmp_path):

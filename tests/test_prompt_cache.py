@@ -226,6 +226,24 @@ def test_engine_pool_keeps_several_conversations(model, runner):
         assert cached >= 72
 
 
+def test_engine_cache_slots_beyond_parallel(model, runner):
+    # one slot decoding, three conversations kept: each next turn finds its own; with the default (as many
+    # kept as decode) the three evict each other
+    rng = np.random.default_rng(6)
+    opts = dict(max_new_tokens=8, stop_at_eos=False)
+    convs = [some_ids(model, rng, 80) for _ in range(3)]
+    for slots, kept in ((3, True), (None, False)):
+        r = runner(model, parallel=1, cache_slots=slots)
+        answers = [r.ask(p, **opts)[0] for p in convs]
+        for p, a in zip(convs, answers):
+            nxt = p + a + some_ids(model, rng, 30)
+            got, cached = r.ask(nxt, **opts)
+            assert_reply(model, nxt, got, **opts)
+            assert (cached >= 72) == kept, (slots, cached)
+    with pytest.raises(ValueError, match="cache_slots"):
+        engine_mod.Engine(model, parallel=2, cache_slots=1)
+
+
 def test_engine_block_length_and_approximate_decoding(model, runner):
     rng = np.random.default_rng(3)
     B = model.config.block_length

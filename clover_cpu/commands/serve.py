@@ -45,6 +45,10 @@ def add_parser(sub) -> None:
                    help="prompt tokens per forward while other requests are decoding: a long prompt is read in "
                         "slices that share forwards with their steps, so their replies keep streaming (default 256; "
                         "a prompt alone runs in chunks of 2048)")
+    p.add_argument("--cache-slots", type=int, default=None,
+                   help="finished conversations whose caches are kept for prompt caching, counting the ones "
+                        "decoding (default: --parallel); each holds its context's attention cache and two copies "
+                        "of the recurrent state (120 MB for Clover-35B)")
     p.add_argument("--max-body", type=int, default=4 << 20, help="largest request body in bytes (default 4 MiB)")
     p.add_argument("--alias", default=None, help="the model's name in the API (default: the file name)")
     p.add_argument("--threads", type=threads_arg, default=None,
@@ -73,6 +77,8 @@ def main(args: argparse.Namespace) -> int:
     for name in ("parallel", "max_queue", "max_body", "default_max_tokens", "prefill_slice"):
         if getattr(args, name) < (0 if name == "max_queue" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
+    if args.cache_slots is not None and args.cache_slots < args.parallel:
+        raise ValueError(f"--cache-slots must be at least --parallel ({args.parallel})")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise ValueError("--max-tokens must be >= 1")
     if not 0 < args.port < 65536:
@@ -84,7 +90,8 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings(path, parallel=args.parallel, api_key=key, max_queue=args.max_queue,
                         max_body_bytes=args.max_body, max_tokens_limit=args.max_tokens,
                         default_max_tokens=args.default_max_tokens, threads=args.threads, ctx_len=ctx,
-                        kv_type=args.kv_type, alias=args.alias, prefill_slice=args.prefill_slice)
+                        kv_type=args.kv_type, alias=args.alias, prefill_slice=args.prefill_slice,
+                        cache_slots=args.cache_slots)
     sock = listen_socket(args.host, args.port)
     app = create_app(settings)
     where = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}"
