@@ -8,12 +8,12 @@ they need, and hands each sequence its logits. A sequence joins or leaves betwee
 thread.
 
 Prompt caching: a finished sequence's cache stays in a pool (`cache_slots` caches in all, those decoding
-included; default `parallel`), with what it committed and
-a checkpoint a few tokens before its prompt's end (Cache.mark). A new request takes the cache that already
-holds the longest part of its prompt, whole or back to that checkpoint, and reads only the rest: a chat's
-next turn (the conversation so far, then a new message) or an agent's next step costs its new tokens. The
-caches are those the whole prompt would leave (committing in parts gives the same states, up to float
-rounding where a part takes another kernel path), so the reply is the same, as with batching.
+included; default `parallel`), with what it committed and a checkpoint a few tokens before its prompt's
+end (Cache.mark). A new request takes the cache that already holds the longest part of its prompt, whole
+or back to that checkpoint, and reads only the rest: a chat's next turn (the conversation so far, then a
+new message) or an agent's next step costs its new tokens. The caches are those the whole prompt would
+leave (committing in parts gives the same states, up to float rounding where a part takes another kernel
+path), so the reply is the same, as with batching.
 """
 
 from __future__ import annotations

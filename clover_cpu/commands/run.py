@@ -429,7 +429,8 @@ def main(args: argparse.Namespace) -> int:
 def chat(model, opts, args) -> int:
     """Multi-turn chat: the file's chat template (sandboxed, clover_cpu.chat) renders the conversation, and
     control tokens typed in a message stay text. The caches are kept between turns as long as the new
-    rendering extends what is already committed, else back to a checkpoint before the last prompt's end. --json: one JSON object per turn on stdout."""
+    rendering extends what is already committed, else back to a checkpoint before the last prompt's end.
+    --json: one JSON object per turn on stdout."""
     tpl = model.chat_template
     if tpl is None:
         name = model.file.path.name
