@@ -355,14 +355,18 @@ def _table(out: dict, kinds: list[str], levels: list[int]) -> None:
         if len(kinds) == 2:
             row += f" | {lv[kinds[0]][i]['tokens_per_second'] / lv[kinds[1]][i]['tokens_per_second']:.2f}x"
         print(row + " |")
-    c = lv["clover-cpu"]
-    if 4 in levels and 1 in levels:
-        i4, i1 = levels.index(4), levels.index(1)
-        print(f"clover-cpu: 4 streams / 1 stream aggregate {c[i4]['tokens_per_second'] / c[i1]['tokens_per_second']:.2f}x"
-              f", peak RSS {c[i4]['peak_rss_gb'] / c[i1]['peak_rss_gb']:.2f}x")
-        if len(kinds) == 2:
-            s = lv[kinds[1]]
-            print(f"llama-server: 4 streams / 1 stream {s[i4]['tokens_per_second'] / s[i1]['tokens_per_second']:.2f}x")
+    # 4 streams / 1 stream: each 4-stream level against each 1-stream level next to it in the run (with
+    # --streams 1,4,1,4,... the memory's drift between levels shows as the spread of these ratios)
+    pairs = [(i, j) for i, n in enumerate(levels) if n == 4 for j in (i - 1, i + 1) if 0 <= j < len(levels)
+             and levels[j] == 1]
+    for k in kinds:
+        if not pairs:
+            break
+        r = [lv[k][i]["tokens_per_second"] / lv[k][j]["tokens_per_second"] for i, j in pairs]
+        rss = [lv[k][i]["peak_rss_gb"] / lv[k][j]["peak_rss_gb"] for i, j in pairs if lv[k][j]["peak_rss_gb"]]
+        out.setdefault("four_over_one", {})[k] = {"ratios": r, "median": statistics.median(r)}
+        print(f"{k}: 4 streams / 1 stream aggregate {', '.join(f'{x:.2f}x' for x in r)} (median "
+              f"{statistics.median(r):.2f}x)" + (f", peak RSS {max(rss):.2f}x at most" if rss else ""))
     for k, v in out["ttft_512"].items():
         print(f"TTFT, {k}, 512-token prompt: {v:.2f} s")
     if out["overhead"]:
