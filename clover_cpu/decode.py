@@ -67,6 +67,19 @@ def confidence(p: np.ndarray, tokens: np.ndarray, scorer: str = "prob") -> np.nd
     raise ValueError(f"unknown scorer {scorer!r} (choose from {', '.join(SCORERS)})")
 
 
+def log_probs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """token's log-probability under softmax(logits) (temperature 1), and the `top` most likely tokens with
+    theirs, most likely first (ties: the lower id)."""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    lz = z - np.log(np.exp(z).sum())
+    best = []
+    if top:
+        ids = np.argpartition(-lz, top - 1)[:top] if top < lz.size else np.arange(lz.size)
+        best = [(int(i), float(lz[i])) for i in sorted(ids.tolist(), key=lambda i: (-lz[i], i))]
+    return float(lz[token]), best
+
+
 def commit_by_threshold(conf: np.ndarray, threshold: float) -> np.ndarray:
     """Indices (into conf) to commit: every position at or above the threshold, and always at least the
     most confident one (the first on ties)."""
@@ -169,6 +182,7 @@ def context_needed(used: int, prompt: int, new: int, block: int) -> int:
 
 
 
+MAX_TOP_LOGPROBS = 20  # (OpenAI's limit for top_logprobs)
 MAX_BLOCK_LENGTH = 1024  # every denoising step runs the whole block: larger blocks only cost time
 
 
@@ -190,6 +204,9 @@ class Options:
     # exact: the reference decoder (window and reuse as given); auto: reuse, and each forward's window
     # chosen from this machine's cost curve and the request's running acceptance (AutoWindow; approximate)
     mode: str = "exact"
+    # None: off; k >= 0: each new token's log-probability under the model (softmax of its logits at the step
+    # that decided it, temperature 1), and the k most likely tokens there with theirs (Event.logprobs)
+    logprobs: int | None = None
 
     def validate(self) -> None:
         if self.max_new_tokens < 0:
@@ -221,6 +238,8 @@ class Options:
             raise ValueError(f"unknown policy {self.policy!r} (choose from {', '.join(POLICIES)})")
         if self.scorer not in SCORERS:
             raise ValueError(f"unknown scorer {self.scorer!r} (choose from {', '.join(SCORERS)})")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}")
 
 
 @dataclass
@@ -257,12 +276,15 @@ class Stats:
 
 @dataclass
 class Event:
-    """tokens: ids that just became final (a left-contiguous continuation of what came before);
-    block: the current block (mask id where undecided), for --show-steps; prefill: `progress` = (prompt
-    tokens read, prompt tokens to read), after each chunk of a prompt longer than one chunk; done: the end."""
+    """tokens: ids that just became final (a left-contiguous continuation of what came before), with
+    Options.logprobs their `logprobs`: per token (log-probability, [(id, log-probability) of the most likely
+    tokens, most likely first]); block: the current block (mask id where undecided), for --show-steps;
+    prefill: `progress` = (prompt tokens read, prompt tokens to read), after each chunk of a prompt longer
+    than one chunk; done: the end."""
 
     kind: str  # "tokens", "step", "prefill" or "done"
     tokens: list[int] = field(default_factory=list)
+    logprobs: list | None = None
     block: list[int] = field(default_factory=list)
     stats: Stats | None = None
     progress: tuple[int, int] | None = None
@@ -429,6 +451,9 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
                 out[i] = carry
         return out
 
+    def lp_of(lps, first, n):
+        return [lps[u] for u in range(first, first + n)] if opts.logprobs is not None else None
+
     remaining = opts.max_new_tokens
     pending = None  # logits of the next block's first step, from a fused commit forward
     while remaining > 0:
@@ -437,6 +462,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
         undecided = list(range(len(head), len(head) + budget))
         schedule = fixed_schedule(len(undecided), max_steps) if opts.policy == "fixed" else None
         emitted = len(head)  # block positions already streamed (the prompt tail counts as streamed)
+        lps: dict[int, tuple] = {}  # Options.logprobs: block position -> log_probs() of its token
         in_cache = 0  # block positions committed to the caches (reuse)
         step = 0
         while undecided and (step < max_steps or w or reuse):
@@ -471,12 +497,14 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
                 pick = np.arange(len(undecided))  # out of steps: commit every remaining candidate
             for j in pick:
                 span[cands[j]] = int(cand[j])
+                if opts.logprobs is not None:
+                    lps[cands[j]] = log_probs(rows[j], int(cand[j]), opts.logprobs)
             picked = {cands[j] for j in pick.tolist()}
             undecided = [u for u in undecided if u not in picked]
             step += 1
             yield Event("step", block=list(span))
             # stream the left-contiguous final prefix; stop at EOS with no mask before it
-            new = []
+            new, first_new = [], emitted
             while emitted < len(head) + budget and emitted not in undecided:
                 new.append(span[emitted])
                 emitted += 1
@@ -484,13 +512,13 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
                 new = new[: new.index(eos)]
                 stats.generated_tokens += len(new)
                 if new:
-                    yield Event("tokens", tokens=new)
+                    yield Event("tokens", tokens=new, logprobs=lp_of(lps, first_new, len(new)))
                 stats.seconds = time.perf_counter() - t0
                 yield Event("done", stats=stats)
                 return
             if new:
                 stats.generated_tokens += len(new)
-                yield Event("tokens", tokens=new)
+                yield Event("tokens", tokens=new, logprobs=lp_of(lps, first_new, len(new)))
             if chooser is not None:
                 chooser.observe(conf >= threshold, time.perf_counter() - step_start, positions)
         remaining -= budget

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .decode import MAX_BLOCK_LENGTH, Options, context_needed
+from .decode import MAX_BLOCK_LENGTH, MAX_TOP_LOGPROBS, Options, context_needed
 from .engine import Engine, Job, QueueFull
 
 # ---- request bodies (OpenAI's schema; unknown fields are ignored) ----
@@ -359,6 +359,7 @@ def create_app(settings: Settings) -> FastAPI:
         max_new = _max_tokens(body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
                               settings)
         opts = _options(body, max_new, model, len(prompt_ids))
+        opts.logprobs = _logprobs_k(body, chat=True)
         from .chat import opens_thinking
 
         thinking = model.has_thinking_tokens() and opens_thinking(prompt_text[-200:])
@@ -393,6 +394,7 @@ def create_app(settings: Settings) -> FastAPI:
             raise APIError(400, "the prompt is empty", "prompt")
         max_new = _max_tokens(body.max_tokens, settings, default=16)
         opts = _options(body, max_new, model, len(prompt_ids))
+        opts.logprobs = _logprobs_k(body, chat=False)
         reply = _Reply(model, stops=_stops(body.stop), thinking=False, tools=None, reasoning=False)
         return await _respond(state, engine, request, body, prompt_ids, opts, reply, chat=False)
 
@@ -429,8 +431,6 @@ def _model_meta(model) -> dict:
 def _check_common(body: Sampling) -> None:
     if body.n not in (None, 1):
         raise APIError(400, "n must be 1 (one choice per request)", "n")
-    if body.logprobs not in (None, False, 0) or body.top_logprobs:
-        raise APIError(400, "logprobs are not supported", "logprobs")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name) not in (None, 0, 0.0):
             raise APIError(400, f"{name} is not supported", name)
@@ -439,6 +439,27 @@ def _check_common(body: Sampling) -> None:
         raise APIError(400, "stop: at most 16 non-empty strings of at most 256 characters", "stop")
     if body.window and body.max_steps is not None:
         raise APIError(400, "max_steps and window do not combine", "window")
+
+
+def _logprobs_k(body: Sampling, chat: bool) -> int | None:
+    """How many most likely tokens to report beside each new token's log-probability (None: no logprobs).
+    Chat: logprobs true and top_logprobs 0-20; completions: logprobs 0-5 (OpenAI's fields and limits)."""
+    lp, top = body.logprobs, body.top_logprobs
+    if chat:
+        if lp not in (None, True, False):
+            raise APIError(400, "logprobs must be true or false (top_logprobs says how many alternatives)", "logprobs")
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+        if top and not lp:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        return (top or 0) if lp else None
+    if top is not None:
+        raise APIError(400, "top_logprobs is a chat field; completions take logprobs: N", "top_logprobs")
+    if lp is None:
+        return None
+    if isinstance(lp, bool) or not 0 <= lp <= 5:
+        raise APIError(400, "logprobs must be an integer from 0 to 5", "logprobs")
+    return lp
 
 
 def _stops(stop) -> list[str]:
@@ -694,12 +715,24 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
             w.cancel()
 
     generated = 0  # tokens given to the reply (the usage after a stop string, which ends the job early)
+    tok = engine.model.tokenizer
+    lp_entries: list = []  # with logprobs: per token given to the reply, its entry (OpenAI's chat form)
+    lp_sent = 0  # (streamed: the entries already in a chunk)
 
-    def take_tokens(tokens) -> list:
+    def lp_entry(t: int, lp: float, top) -> dict:
+        def one(i, v):
+            b = tok.token_bytes(i)
+            return {"token": b.decode("utf-8", errors="replace"), "logprob": v, "bytes": list(b)}
+
+        return {**one(t, lp), "top_logprobs": [one(i, v) for i, v in top]}
+
+    def take_tokens(tokens, logprobs=None) -> list:
         nonlocal generated
         if reply.stopped:  # tokens the job made before it saw the stop: not part of the reply, not counted
             return []
         generated += len(tokens)
+        if logprobs is not None:
+            lp_entries.extend(lp_entry(t, lp, top) for t, (lp, top) in zip(tokens, logprobs))
         pieces = reply.feed(tokens)
         if reply.stopped:
             job.stop()
@@ -718,6 +751,21 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
         return {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n,
                 "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
 
+    def logprobs_field(entries: list, offset: int = 0):
+        """The choice's logprobs for these entries: chat's {"content": [...]}, or the completions form
+        (tokens, token_logprobs, top_logprobs, text_offset from `offset` characters into the text)."""
+        if opts.logprobs is None:
+            return None
+        if chat:
+            return {"content": entries, "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(offset)
+            offset += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
+
     def clover_stats(stats) -> dict:
         if stats is None:
             return {}
@@ -734,7 +782,7 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
                 if kind == "error":
                     error = payload
                 elif payload.kind == "tokens":
-                    take_tokens(payload.tokens)
+                    take_tokens(payload.tokens, payload.logprobs)
                 elif payload.kind == "done":
                     stats = payload.stats
         finally:
@@ -753,11 +801,12 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
                 msg["reasoning_content"] = "".join(reply.reasoning)
             if reply.calls:
                 msg["tool_calls"] = reply.calls
-            choice = {"index": 0, "message": msg, "finish_reason": finish_reason(stats), "logprobs": None}
+            choice = {"index": 0, "message": msg, "finish_reason": finish_reason(stats),
+                      "logprobs": logprobs_field(lp_entries)}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": "".join(reply.content), "finish_reason": finish_reason(stats),
-                      "logprobs": None}
+                      "logprobs": logprobs_field(lp_entries)}
             obj = "text_completion"
         return {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice],
                 "usage": usage(stats), "clover": clover_stats(stats)}
@@ -778,13 +827,23 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
     gone.clear()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
+    streamed_chars = 0  # (completions' text_offset)
+
     def chunk(delta: dict | None = None, finish=None, text: str | None = None, extra: dict | None = None) -> str:
+        nonlocal lp_sent, streamed_chars
+        lp = None
+        if (delta is not None or text is not None) and opts.logprobs is not None and lp_sent < len(lp_entries):
+            # a choice's chunk carries the entries of the tokens given since the last one that did (text a
+            # stop string or a split character holds back does not hold back its tokens' entries)
+            lp = logprobs_field(lp_entries[lp_sent:], streamed_chars)
+            streamed_chars += sum(len(e["token"]) for e in lp_entries[lp_sent:])
+            lp_sent = len(lp_entries)
         if chat:
-            choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+            choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}]
             obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
                    "choices": choices}
         else:
-            choices = [] if text is None else [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
+            choices = [] if text is None else [{"index": 0, "text": text, "finish_reason": finish, "logprobs": lp}]
             obj = {"id": rid, "object": "text_completion", "created": created, "model": model_name, "choices": choices}
         if extra:
             obj.update(extra)
@@ -826,7 +885,7 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
                     yield "data: [DONE]\n\n"
                     return
                 if payload.kind == "tokens":
-                    pieces = take_tokens(payload.tokens)
+                    pieces = take_tokens(payload.tokens, payload.logprobs)
                     progress = {"completion_tokens": generated, "forwards": max(job.forwards, 1)}
                     for c in pieces_to_chunks(pieces, progress):
                         yield c

@@ -485,3 +485,33 @@ def test_auto_bad_options_and_autoregressive_files(clover, clover_shift):
     o = dict(max_new_tokens=9, threshold=0.3, stop_at_eos=False)
     assert collect(clover_shift, [1, 2, 3], Options(**o, mode="auto"))[0] == \
         collect(clover_shift, [1, 2, 3], Options(**o))[0]
+
+
+def test_logprobs_are_the_models(tmp_path):
+    """Options.logprobs: each new token's log-probability and the most likely alternatives, from the logits
+    of the step that decided it: for an autoregressive model, log-softmax of the full forward's logits."""
+    import qwen_fixtures
+
+    class F:
+        def mktemp(self, name):
+            d = tmp_path / name
+            d.mkdir()
+            return d
+
+    m = clover_cpu.load(qwen_fixtures.converted_model(F(), chat_template=None), threads=1)
+    prompt = list(np.random.default_rng(3).integers(5, 500, 12))
+    toks, lps = [], []
+    for ev in decode(m, prompt, Options(max_new_tokens=6, stop_at_eos=False, logprobs=4)):
+        if ev.kind == "tokens":
+            toks += ev.tokens
+            lps += ev.logprobs
+    assert len(lps) == len(toks) == 6
+    logits = m.forward(prompt + toks)[len(prompt) - 1 : -1].astype(np.float64)
+    ref = logits - logits.max(axis=1, keepdims=True)
+    ref -= np.log(np.exp(ref).sum(axis=1, keepdims=True))
+    for j, (lp, top) in enumerate(lps):
+        assert abs(lp - ref[j, toks[j]]) < 1e-4
+        assert [i for i, _ in top] == list(np.argsort(-ref[j], kind="stable")[:4])
+        assert top[0] == (toks[j], lp)  # greedy: the chosen token is the most likely
+    with pytest.raises(ValueError, match="logprobs"):
+        Options(logprobs=21).validate()

@@ -131,6 +131,38 @@ def test_prompt_cache_in_usage_and_metrics(server, model):
     assert cached_metric() - before == n + r1.usage.prompt_tokens_details.cached_tokens
 
 
+def test_logprobs_chat_and_completions(server, model):
+    # each new token's log-probability with its most likely alternatives: as many entries as tokens, the
+    # same whether streamed or not, the chosen token the most likely one at temperature 0, and the
+    # entries' bytes spell the reply
+    c = server.client()
+    msgs = [{"role": "user", "content": "def fibonacci(n):"}]
+    r = c.chat.completions.create(model="x", messages=msgs, max_tokens=12, logprobs=True, top_logprobs=3)
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == r.usage.completion_tokens == 12
+    for e in entries:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+        assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob
+    assert bytes(b for e in entries for b in e.bytes).decode() == r.choices[0].message.content
+    chunks = list(c.chat.completions.create(model="x", messages=msgs, max_tokens=12, logprobs=True, top_logprobs=3,
+                                            stream=True))
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+    # completions: logprobs N (0-5), OpenAI's older form
+    r = c.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=10, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 10
+    assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0
+    assert all(len(t) == 2 and max(t.values()) == v for t, v in zip(lp.top_logprobs, lp.token_logprobs))
+    r0 = c.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=10, logprobs=0)
+    assert r0.choices[0].logprobs.token_logprobs == lp.token_logprobs and r0.choices[0].logprobs.top_logprobs == [{}] * 10
+    assert c.completions.create(model="x", prompt="x", max_tokens=2).choices[0].logprobs is None
+    for bad in ({"logprobs": 6}, {"logprobs": True}, {"top_logprobs": 2}):
+        e = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2, **bad})
+        assert e.status_code == 400 and e.json()["error"]["param"] in bad, e.text
+
+
 def test_streaming_equals_whole(server):
     c = server.client()
     whole = c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hello there"}], max_tokens=24)
@@ -209,8 +241,12 @@ BAD = [
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}).encode(),
      "application/json", "max_tokens"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 3}).encode(), "application/json", "n"),
-    (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True}).encode(), "application/json",
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": 3}).encode(), "application/json",
      "logprobs"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).encode(), "application/json",
+     "top_logprobs"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}).encode(),
+     "application/json", "top_logprobs"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": -1}).encode(), "application/json",
      "temperature"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}).encode(), "application/json",
