@@ -39,6 +39,7 @@ def finetune_and_evaluate(model, saved, tokens, data, P, G, SRC: Path, OUT: Path
     model.train()
     step = 0
     n_steps = None
+    t1 = time.time()  # (set again at step 1: steps 1-2 time the loop)
     while True:
         rng = np.random.default_rng([7, step])
         xr = tc.ar_batch(tokens, rng, 8, 255)
