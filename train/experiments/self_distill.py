@@ -14,7 +14,6 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
-import train_clover as tc
 from distill_common import finetune_and_evaluate, log, setup
 SRC, OUT, N_GEN, MINUTES, BETA, LR, model, saved, tokens = setup()
 shape = model.shape
