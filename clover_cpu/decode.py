@@ -341,9 +341,11 @@ def decode(model, prompt_ids, opts: Options, cache=None, *, mark: bool = False):
 
 def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = False):
     """The decoding loop as a coroutine: yields Events, and Forwards whose logits the driver sends back
-    (see Forward). Checks its arguments before the first yield. mark: checkpoint the cache (Cache.mark)
-    MARK_BACK tokens before the prompt's end (on the block grid), where a later request that shares the
-    prompt but not what came after it (a chat's next turn, the same prompt again) can resume."""
+    (see Forward). Checks its arguments before the first yield. The prompt's prefill ends a forward
+    MARK_BACK tokens before the prompt's end (on the block grid); mark=True checkpoints the cache there
+    (Cache.mark), where a later request that shares the prompt but not what came after it (a chat's next
+    turn, the same prompt again) can resume. (The cut is made either way, so that a request decodes the
+    same with and without the checkpoint: a forward over fewer tokens may round differently.)"""
     c = model.config
     opts.validate()
     B = opts.block_length or c.block_length
@@ -373,6 +375,8 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
                          f"context of {model.ctx_len} ({cache.n} already used{blocks})")
     if not prompt and cache.n == 0 and shift:
         raise ValueError("the prompt is empty")
+    if opts.reuse and shift:
+        raise ValueError("reuse needs a diffusion file (unshifted logits); autoregressive files decode exactly")
     stats = Stats(prompt_tokens=len(prompt))
     # mode auto: reuse, and a window per forward (AutoWindow); files with shifted logits (autoregressive
     # ones included) decode exactly. The cost curve is measured (once per file and machine) before the clock.
@@ -387,7 +391,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
     # the checkpoint: on the grid, MARK_BACK tokens before the prompt's end; where that needs a forward of
     # its own (it is not where the prompt's full blocks end), only past MARK_MIN tokens of context (a short
     # context costs little to read again)
-    at = (len(prompt) - MARK_BACK) // B * B if mark else 0
+    at = (len(prompt) - MARK_BACK) // B * B
     if at <= 0 or (at < n_full and cache.n + at < MARK_MIN):
         at = 0
     carry = None  # logits of the last committed position (predicts the next token when shift)
@@ -403,7 +407,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
             out = yield Forward(cache, chunk, len(chunk), block_mode, [len(chunk) - 1] if last else [])
             if last:
                 carry = out[0]
-            if s1 == at:
+            if s1 == at and mark:
                 cache.mark()
             if n_full > step:  # a long prompt: how far it has been read (the CLI shows it)
                 yield Event("prefill", progress=(s1, n_full))
@@ -426,9 +430,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
     # keys/values and the GDN states keep what the model computed while later positions were still
     # masks. Each forward is then [newly final tokens | the block's rest up to the window], and a block
     # needs no commit forward of its own. Output agreement with exact decoding: bench/NOTES.md.
-    reuse = opts.reuse or chooser is not None
-    if reuse and shift:
-        raise ValueError("reuse needs a diffusion file (unshifted logits); autoregressive files decode exactly")
+    reuse = opts.reuse or chooser is not None  # (not with shifted logits: checked above)
     tail: list[int] = []  # final tokens of the previous block not yet in the caches (reuse)
 
     V = c.vocab_size

@@ -169,7 +169,7 @@ class Engine:
                 for j in self._active + [j for j in admitted if j not in self._active]:
                     if not j.ended:
                         try:
-                            self._finish(j, e)
+                            self._finish(j, e, clear=True)
                         except Exception:
                             pass
                 self._active = []
@@ -274,7 +274,9 @@ class Engine:
             self.metrics.generated_tokens_total += len(ev.tokens)
         job.emit("event", ev)
 
-    def _finish(self, job: Job, error: BaseException | None) -> None:
+    def _finish(self, job: Job, error: BaseException | None, clear: bool = False) -> None:
+        """End the job; its cache goes back to the pool (cleared where a forward failed in the middle:
+        `clear`, or a ForwardFailed error; a request's own error comes between forwards)."""
         job.pending, job.ended = None, True
         if job.steps is not None:
             job.steps.close()
@@ -282,7 +284,7 @@ class Engine:
         if job.cache is not None:
             cache, job.cache = job.cache, None
             o = job.options
-            if error is not None and not isinstance(error, Cancelled):
+            if clear or isinstance(error, ForwardFailed):
                 cache.clear()  # (a forward that failed may have left some layers' states advanced)
             elif o.reuse or (o.mode == "auto" and not self.model.config.shift_logits):
                 # approximate decoding commits states exact decoding would not: keep the prompt's part only

@@ -446,7 +446,7 @@ def _logprobs_k(body: Sampling, chat: bool) -> int | None:
     Chat: logprobs true and top_logprobs 0-20; completions: logprobs 0-5 (OpenAI's fields and limits)."""
     lp, top = body.logprobs, body.top_logprobs
     if chat:
-        if lp not in (None, True, False):
+        if lp is not None and not isinstance(lp, bool):
             raise APIError(400, "logprobs must be true or false (top_logprobs says how many alternatives)", "logprobs")
         if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
             raise APIError(400, f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
@@ -728,14 +728,20 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
 
     def take_tokens(tokens, logprobs=None) -> list:
         nonlocal generated
-        if reply.stopped:  # tokens the job made before it saw the stop: not part of the reply, not counted
-            return []
-        generated += len(tokens)
-        if logprobs is not None:
-            lp_entries.extend(lp_entry(t, lp, top) for t, (lp, top) in zip(tokens, logprobs))
-        pieces = reply.feed(tokens)
-        if reply.stopped:
-            job.stop()
+        # with stop strings one token at a time, so that the reply (its usage, its logprobs) ends with the
+        # token that completed a stop
+        step = 1 if reply.stops else max(1, len(tokens))
+        pieces = []
+        for i in range(0, len(tokens), step):
+            if reply.stopped:  # tokens the job made before it saw the stop: not part of the reply, not counted
+                break
+            part = tokens[i : i + step]
+            generated += len(part)
+            if logprobs is not None:
+                lp_entries.extend(lp_entry(t, lp, top) for t, (lp, top) in zip(part, logprobs[i : i + step]))
+            pieces += reply.feed(part)
+            if reply.stopped:
+                job.stop()
         return pieces
 
     def finish_reason(stats) -> str:
@@ -751,19 +757,23 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
         return {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n,
                 "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
 
-    def logprobs_field(entries: list, offset: int = 0):
-        """The choice's logprobs for these entries: chat's {"content": [...]}, or the completions form
-        (tokens, token_logprobs, top_logprobs, text_offset from `offset` characters into the text)."""
+    def logprobs_field(start: int = 0, end: int | None = None):
+        """The choice's logprobs for entries start:end: chat's {"content": [...]}, or the completions form
+        (tokens, token_logprobs, top_logprobs with the chosen token always among them, and text_offset: the
+        characters of the reply before each token, a character split between tokens counted where it ends)."""
+        entries = lp_entries[start:end]
         if opts.logprobs is None:
             return None
         if chat:
             return {"content": entries, "refusal": None}
+        before = b"".join(bytes(e["bytes"]) for e in lp_entries[:start])
         offsets = []
         for e in entries:
-            offsets.append(offset)
-            offset += len(e["token"])
+            offsets.append(len(before.decode("utf-8", errors="ignore")))
+            before += bytes(e["bytes"])
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "top_logprobs": [{**{t["token"]: t["logprob"] for t in e["top_logprobs"]}, e["token"]: e["logprob"]}
+                                 for e in entries] if opts.logprobs else [{} for _ in entries],
                 "text_offset": offsets}
 
     def clover_stats(stats) -> dict:
@@ -802,11 +812,11 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
             if reply.calls:
                 msg["tool_calls"] = reply.calls
             choice = {"index": 0, "message": msg, "finish_reason": finish_reason(stats),
-                      "logprobs": logprobs_field(lp_entries)}
+                      "logprobs": logprobs_field()}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": "".join(reply.content), "finish_reason": finish_reason(stats),
-                      "logprobs": logprobs_field(lp_entries)}
+                      "logprobs": logprobs_field()}
             obj = "text_completion"
         return {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice],
                 "usage": usage(stats), "clover": clover_stats(stats)}
@@ -827,16 +837,13 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
     gone.clear()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    streamed_chars = 0  # (completions' text_offset)
-
     def chunk(delta: dict | None = None, finish=None, text: str | None = None, extra: dict | None = None) -> str:
-        nonlocal lp_sent, streamed_chars
+        nonlocal lp_sent
         lp = None
         if (delta is not None or text is not None) and opts.logprobs is not None and lp_sent < len(lp_entries):
             # a choice's chunk carries the entries of the tokens given since the last one that did (text a
             # stop string or a split character holds back does not hold back its tokens' entries)
-            lp = logprobs_field(lp_entries[lp_sent:], streamed_chars)
-            streamed_chars += sum(len(e["token"]) for e in lp_entries[lp_sent:])
+            lp = logprobs_field(lp_sent)
             lp_sent = len(lp_entries)
         if chat:
             choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}]

@@ -97,6 +97,21 @@ def test_decoder_marks_before_the_prompt_end(model, n_prompt):
         assert cache.tokens[:at] == prompt[:at]
 
 
+@pytest.mark.parametrize("which", ["model", "qwen"])
+def test_the_checkpoint_does_not_change_decoding(which, request):
+    # the prefill is cut where the checkpoint goes whether or not one is taken, so a request decodes the same
+    # (bit for bit: the same forwards) from the server, which marks, and from run / the Python API
+    m = request.getfixturevalue(which)
+    for n in (70, 131, 200):
+        prompt = some_ids(m, np.random.default_rng(n), n)
+        opts = Options(max_new_tokens=10, stop_at_eos=False)
+        a, b = m.new_cache(), m.new_cache()
+        got_a, _ = drive(m, prompt, opts, a)
+        got_b, _ = drive(m, prompt, opts, b, mark=True)
+        assert got_a == got_b and a.mark_n is None and b.mark_n
+        assert same(states(a), states(b))
+
+
 def test_a_cache_written_on_another_grid_is_refused(model):
     cache = model.new_cache()
     drive(model, list(range(5, 30)), Options(max_new_tokens=4, stop_at_eos=False), cache)
@@ -259,6 +274,20 @@ def test_engine_block_length_and_approximate_decoding(model, runner):
     got, cached = r.ask(nxt, max_new_tokens=8, stop_at_eos=False)
     assert cached == (len(p) - MARK_BACK) // B * B
     assert got == fresh(model, nxt, max_new_tokens=8, stop_at_eos=False)
+
+
+def test_engine_bad_request_keeps_the_cache(model, runner):
+    # a request refused by the decoder's checks (before any forward) leaves the cache it took as it was
+    rng = np.random.default_rng(7)
+    p = some_ids(model, rng, 80)
+    r = runner(model, parallel=1)
+    a, _ = r.ask(p, max_new_tokens=8, stop_at_eos=False)
+    with pytest.raises(ValueError, match="window"):
+        r.ask(p + a, max_new_tokens=8, window=2, max_steps=3)
+    nxt = p + a + some_ids(model, rng, 10)
+    got, cached = r.ask(nxt, max_new_tokens=8, stop_at_eos=False)
+    assert cached >= 72
+    assert_reply(model, nxt, got, max_new_tokens=8, stop_at_eos=False)
 
 
 def test_engine_failed_forward_leaves_no_cache(model, runner):

@@ -158,6 +158,22 @@ def test_logprobs_chat_and_completions(server, model):
     r0 = c.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=10, logprobs=0)
     assert r0.choices[0].logprobs.token_logprobs == lp.token_logprobs and r0.choices[0].logprobs.top_logprobs == [{}] * 10
     assert c.completions.create(model="x", prompt="x", max_tokens=2).choices[0].logprobs is None
+    # with a stop string the entries end with the token that completed it, as the reply and its usage do
+    full = model.generate_text("def fibonacci(n):", max_new_tokens=40)["text"]
+    stop = full[6:9]
+    r = c.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=40, stop=[stop], logprobs=1)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == full[: full.index(stop)] and len(lp.tokens) == r.usage.completion_tokens
+    assert "".join(lp.tokens).startswith(r.choices[0].text) and stop in "".join(lp.tokens)
+    assert stop not in "".join(lp.tokens[:-1])
+    said = c.chat.completions.create(model="x", messages=msgs, max_tokens=40).choices[0].message.content
+    stop = said[5:7]
+    r = c.chat.completions.create(model="x", messages=msgs, max_tokens=40, stop=[stop], logprobs=True)
+    ents = r.choices[0].logprobs.content
+    spelled = bytes(b for e in ents for b in e.bytes).decode("utf-8", "replace")
+    before_last = bytes(b for e in ents[:-1] for b in e.bytes).decode("utf-8", "replace")
+    assert r.choices[0].message.content == said[: said.index(stop)]
+    assert stop in spelled and stop not in before_last and len(ents) == r.usage.completion_tokens
     for bad in ({"logprobs": 6}, {"logprobs": True}, {"top_logprobs": 2}):
         e = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2, **bad})
         assert e.status_code == 400 and e.json()["error"]["param"] in bad, e.text
@@ -242,6 +258,8 @@ BAD = [
      "application/json", "max_tokens"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 3}).encode(), "application/json", "n"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": 3}).encode(), "application/json",
+     "logprobs"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}).encode(), "application/json",
      "logprobs"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).encode(), "application/json",
      "top_logprobs"),
