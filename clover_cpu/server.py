@@ -130,6 +130,18 @@ class CompletionRequest(Sampling):
     best_of: Optional[int] = None
 
 
+class TokenizeRequest(_Body):
+    """llama-server's /tokenize: text to token ids (parse_special: control-token strings become tokens)."""
+
+    content: str
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Body):
+    tokens: list[int]
+
+
 # ---- errors ----
 
 
@@ -332,6 +344,27 @@ def create_app(settings: Settings) -> FastAPI:
     async def metrics(request: Request):
         check_key(request)
         return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest, request: Request):
+        """Token ids of a text, as llama-server's /tokenize gives them (with_pieces: each id's text too)."""
+        check_key(request)
+        model, _ = ready()
+        ids = await run_in_threadpool(model.tokenize, body.content, special=body.parse_special)
+        if not body.with_pieces:
+            return {"tokens": ids}
+        tok = model.tokenizer
+        return {"tokens": [{"id": i, "piece": tok.token_bytes(i).decode("utf-8", errors="replace")} for i in ids]}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest, request: Request):
+        """The text of token ids (control tokens included), as llama-server's /detokenize."""
+        check_key(request)
+        model, _ = ready()
+        V = model.config.vocab_size
+        if any(not 0 <= t < V for t in body.tokens):
+            raise APIError(400, f"token ids must be in [0, {V})", "tokens")
+        return {"content": model.tokenizer.decode(body.tokens, skip_special=False)}
 
     @app.get("/", response_class=HTMLResponse)
     async def page():

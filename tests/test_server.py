@@ -96,6 +96,23 @@ def test_health_models_metrics_page(server):
         "<script>")[1].split("fetch(")[0]  # no external scripts or styles
 
 
+def test_tokenize_and_detokenize(server, model):
+    # llama-server's two endpoints: ids as Model.tokenize gives them, and back to the text
+    text = "def f(x):\n    return x  # ünïcode"
+    r = httpx.post(server.url + "/tokenize", json={"content": text}).json()
+    assert r["tokens"] == model.tokenize(text)
+    assert httpx.post(server.url + "/detokenize", json={"tokens": r["tokens"]}).json()["content"] == text
+    pieces = httpx.post(server.url + "/tokenize", json={"content": text, "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == r["tokens"]
+    ascii_text = "def f(x):\n    return x"  # (a piece of a character split across tokens is not text on its own)
+    pieces = httpx.post(server.url + "/tokenize", json={"content": ascii_text, "with_pieces": True}).json()["tokens"]
+    assert "".join(p["piece"] for p in pieces) == ascii_text
+    for path, body, param in (("/detokenize", {"tokens": [model.config.vocab_size]}, "tokens"),
+                              ("/detokenize", {"tokens": "x"}, "tokens"), ("/tokenize", {}, "content")):
+        e = httpx.post(server.url + path, json=body)
+        assert e.status_code == 400 and e.json()["error"]["param"] == param, e.text
+
+
 def test_completion_equals_generate_text(server, model):
     c = server.client()
     for p in PROMPTS[:2]:
@@ -352,6 +369,7 @@ def test_api_key_and_queue_limit():
         with pytest.raises(openai.AuthenticationError):
             s.client("wrong").models.list()
         assert httpx.get(s.url + "/v1/models").status_code == 401
+        assert httpx.post(s.url + "/tokenize", json={"content": "x"}).status_code == 401
         assert s.client("s3cret").models.list().data[0].id == "clover-small"
         assert httpx.get(s.url + "/health").status_code == 200  # (no key needed to check health)
         # one long generation holds the only slot; with no queue, the next request gets 429 at once
