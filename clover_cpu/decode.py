@@ -169,7 +169,7 @@ class AutoWindow:
 
 
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward
-MARK_BACK = 4  # decode_steps(mark=True): the checkpoint this many tokens before the prompt's end (as llama-server's)
+MARK_BACK = 4  # decode_steps: the prefill cut (the checkpoint) this many tokens before the prompt's end (as llama-server's)
 MARK_MIN = 64  # ... and, where that needs a forward of its own, only at a position past this many tokens
 
 
@@ -322,6 +322,13 @@ def run_forward(model, f: Forward):
 # ---- the loop ----
 
 
+def block_grid(config, opts: Options) -> tuple[int, int | None]:
+    """The decoder's block length B for these options and the attention it commits with: `block` of
+    Model.run (B for a diffusion file; None, causal, for an autoregressive one, whatever B is)."""
+    B = opts.block_length or config.block_length
+    return B, (B if config.is_diffusion else None)
+
+
 def decode(model, prompt_ids, opts: Options, cache=None, *, mark: bool = False):
     """Generate after prompt_ids; yields Events. `cache` may hold an earlier conversation (its committed
     length must be a multiple of the block length); it is extended in place (mark: decode_steps)."""
@@ -348,14 +355,13 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
     same with and without the checkpoint: a forward over fewer tokens may round differently.)"""
     c = model.config
     opts.validate()
-    B = opts.block_length or c.block_length
+    B, block_mode = block_grid(c, opts)
     threshold = opts.threshold if opts.threshold is not None else c.threshold
     max_steps = opts.max_steps or B
     shift = c.shift_logits
     mask = c.mask_token_id if c.mask_token_id is not None else 0
     eos = c.eos_token_id if opts.stop_at_eos else None
     rng = np.random.default_rng(opts.seed) if opts.temperature > 0 else None
-    block_mode = B if c.is_diffusion else None  # causal attention for AR files, whatever B is
     prompt = [int(t) for t in prompt_ids]
     if not c.is_diffusion and not shift:
         raise ValueError("an autoregressive file needs shifted logits")

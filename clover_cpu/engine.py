@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .decode import Event, Forward, Options, decode_steps, span_rows
+from .decode import Event, Forward, Options, block_grid, decode_steps, span_rows
 
 
 class QueueFull(Exception):
@@ -109,7 +109,6 @@ class Engine:
         self._waiting: collections.deque[Job] = collections.deque()
         self._active: list[Job] = []
         self._free_caches: list = []  # finished sequences' caches, the least recently used first
-        self._caches_made = 0
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="clover-engine", daemon=True)
@@ -191,33 +190,16 @@ class Engine:
         if job.pending is not None:
             self._active.append(job)
 
-    def _usable(self, cache, job: Job) -> int:
-        """How many of the job's prompt tokens `cache` can keep: all it holds or its checkpoint, where that
-        is a prefix of the prompt written on the job's block grid (and, with shifted logits, leaves the
-        prompt's last token to read: its logits predict the first new token)."""
-        c = self.model.config
-        B = job.options.block_length or c.block_length
-        if not cache.n or cache.block != (B if c.is_diffusion else None):
-            return 0
-        prompt = job.prompt_ids
-        limit = min(cache.n, len(prompt) - (1 if c.shift_logits else 0))
-        if limit <= 0:
-            return 0
-        differ = np.flatnonzero(np.asarray(cache.tokens[:limit]) != np.asarray(prompt[:limit], dtype=np.int64))
-        common = int(differ[0]) if differ.size else limit
-        for n in (cache.n, cache.mark_n):
-            if n and n <= common and n % B == 0:
-                return n
-        return 0
-
     def _take_cache(self, job: Job):
         """A cache for the job and the prompt tokens it holds: the pooled one that holds the most of the
         prompt (rewound to them); else an empty one, a new one while fewer than `cache_slots` exist (so that
         as many conversations stay cached), or the least recently used one, cleared."""
         best, best_n = None, 0
         if job.cache_prompt:
+            c = self.model.config
+            B, block = block_grid(c, job.options)
             for cache in self._free_caches:
-                n = self._usable(cache, job)
+                n = cache.reusable(job.prompt_ids, block, B, leave_last=c.shift_logits)
                 if n > best_n:
                     best, best_n = cache, n
         if best is None:
@@ -225,9 +207,8 @@ class Engine:
             if empty:
                 cache = empty[0]
                 self._free_caches.remove(cache)
-            elif self._caches_made < self.cache_slots or not self._free_caches:
+            elif self._caches() < self.cache_slots or not self._free_caches:
                 cache = self.model.new_cache()
-                self._caches_made += 1
             else:
                 cache = self._free_caches.pop(0)
             cache.clear()
@@ -235,6 +216,10 @@ class Engine:
         self._free_caches.remove(best)
         best.rewind(best_n)
         return best, best_n
+
+    def _caches(self) -> int:
+        """Caches that exist: pooled, and held by the sequences decoding."""
+        return len(self._free_caches) + sum(j.cache is not None for j in self._active)
 
     def _advance(self, job: Job, out, first: bool = False) -> None:
         """Run the job's loop until it asks for its next forward (job.pending) or ends."""
@@ -290,9 +275,8 @@ class Engine:
                 # approximate decoding commits states exact decoding would not: keep the prompt's part only
                 cache.rewind(cache.mark_n or 0)
             self._free_caches.append(cache)
-            if self._caches_made > self.cache_slots:  # (made beyond the slots while all were in use)
+            if self._caches() > self.cache_slots:  # (made beyond the slots while all were in use)
                 self._free_caches.pop(0)
-                self._caches_made -= 1
         if isinstance(error, Cancelled):
             self.metrics.requests_cancelled += not job.stopped
         elif error is not None:

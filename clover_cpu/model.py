@@ -148,6 +148,23 @@ class Cache:
                 np.copyto(saved[i], a)
         self.mark_n = self.n
 
+    def reusable(self, prompt, block: int | None, grid: int, leave_last: bool) -> int:
+        """How many of `prompt`'s tokens this cache can keep: all it holds, else its checkpoint, where that is
+        a prefix of the prompt on the decoder's grid (`block`: the block mode it writes with, `grid`: its
+        block length); leave_last keeps the prompt's last token to read (with shifted logits its logits
+        predict the first new token). 0: none (the cache must be cleared)."""
+        if not self.n or self.block != block:
+            return 0
+        limit = min(self.n, len(prompt) - (1 if leave_last else 0))
+        if limit <= 0:
+            return 0
+        differ = np.flatnonzero(np.asarray(self.tokens[:limit]) != np.asarray(prompt[:limit], dtype=np.int64))
+        common = int(differ[0]) if differ.size else limit
+        for n in (self.n, self.mark_n):
+            if n and n <= common and n % grid == 0:
+                return n
+        return 0
+
     def rewind(self, n: int) -> None:
         """Back to length n: the current length, the mark, or 0 (a cleared cache)."""
         if n == self.n:

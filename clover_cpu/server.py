@@ -11,6 +11,7 @@ Retry-After, a missing or wrong API key 401, an oversized body 413.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hmac
 import json
 import secrets
@@ -361,9 +362,7 @@ def create_app(settings: Settings) -> FastAPI:
         """The text of token ids (control tokens included), as llama-server's /detokenize."""
         check_key(request)
         model, _ = ready()
-        V = model.config.vocab_size
-        if any(not 0 <= t < V for t in body.tokens):
-            raise APIError(400, f"token ids must be in [0, {V})", "tokens")
+        _check_ids(body.tokens, model.config.vocab_size, "tokens")
         return {"content": model.tokenizer.decode(body.tokens, skip_special=False)}
 
     @app.get("/", response_class=HTMLResponse)
@@ -419,9 +418,7 @@ def create_app(settings: Settings) -> FastAPI:
         if isinstance(p, str):
             prompt_ids = await run_in_threadpool(model.tokenize, p)
         else:
-            V = model.config.vocab_size
-            if any(not 0 <= t < V for t in p):
-                raise APIError(400, f"prompt token ids must be in [0, {V})", "prompt")
+            _check_ids(p, model.config.vocab_size, "prompt")
             prompt_ids = list(p)
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", "prompt")
@@ -493,6 +490,11 @@ def _logprobs_k(body: Sampling, chat: bool) -> int | None:
     if isinstance(lp, bool) or not 0 <= lp <= 5:
         raise APIError(400, "logprobs must be an integer from 0 to 5", "logprobs")
     return lp
+
+
+def _check_ids(ids, vocab: int, param: str) -> None:
+    if any(not 0 <= t < vocab for t in ids):
+        raise APIError(400, f"token ids must be in [0, {vocab})", param)
 
 
 def _stops(stop) -> list[str]:
@@ -750,6 +752,9 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
     generated = 0  # tokens given to the reply (the usage after a stop string, which ends the job early)
     tok = engine.model.tokenizer
     lp_entries: list = []  # with logprobs: per token given to the reply, its entry (OpenAI's chat form)
+    lp_offsets: list = []  # ... and the reply's characters before it (completions' text_offset)
+    lp_chars = codecs.getincrementaldecoder("utf-8")(errors="ignore")  # (a split character counts where it ends)
+    lp_seen = 0  # characters of the entries so far
     lp_sent = 0  # (streamed: the entries already in a chunk)
 
     def lp_entry(t: int, lp: float, top) -> dict:
@@ -760,7 +765,7 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
         return {**one(t, lp), "top_logprobs": [one(i, v) for i, v in top]}
 
     def take_tokens(tokens, logprobs=None) -> list:
-        nonlocal generated
+        nonlocal generated, lp_seen
         # with stop strings one token at a time, so that the reply (its usage, its logprobs) ends with the
         # token that completed a stop
         step = 1 if reply.stops else max(1, len(tokens))
@@ -771,7 +776,10 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
             part = tokens[i : i + step]
             generated += len(part)
             if logprobs is not None:
-                lp_entries.extend(lp_entry(t, lp, top) for t, (lp, top) in zip(part, logprobs[i : i + step]))
+                for t, (lp, top) in zip(part, logprobs[i : i + step]):
+                    lp_entries.append(lp_entry(t, lp, top))
+                    lp_offsets.append(lp_seen)
+                    lp_seen += len(lp_chars.decode(tok.token_bytes(t)))
             pieces += reply.feed(part)
             if reply.stopped:
                 job.stop()
@@ -799,15 +807,10 @@ async def _respond(state: State, engine: Engine, request: Request, body: Samplin
             return None
         if chat:
             return {"content": entries, "refusal": None}
-        before = b"".join(bytes(e["bytes"]) for e in lp_entries[:start])
-        offsets = []
-        for e in entries:
-            offsets.append(len(before.decode("utf-8", errors="ignore")))
-            before += bytes(e["bytes"])
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": [{**{t["token"]: t["logprob"] for t in e["top_logprobs"]}, e["token"]: e["logprob"]}
                                  for e in entries] if opts.logprobs else [{} for _ in entries],
-                "text_offset": offsets}
+                "text_offset": lp_offsets[start:end]}
 
     def clover_stats(stats) -> dict:
         if stats is None:

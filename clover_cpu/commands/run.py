@@ -441,9 +441,12 @@ def chat(model, opts, args) -> int:
                              "or chat with a converted Clover or Qwen3.5-MoE file: -m FILE --chat")
         raise ValueError(f"{name} has no chat template (tokenizer.chat_template), so it cannot chat: continue "
                          "text with -p or -f, or convert a checkpoint whose tokenizer_config.json has one")
+    from clover_cpu.decode import Options, block_grid
+
     kwargs = {} if args.think == "auto" else {"enable_thinking": args.think == "on"}
     messages: list[dict] = []
     cache = model.new_cache()
+    B, block = block_grid(model.config, Options(**opts))
     history: list[int] = []  # the conversation's token ids so far: prompts and replies as generated
     history_text = ""  # the (marked) rendering that `history` stands for, up to the last reply's end
 
@@ -469,14 +472,9 @@ def chat(model, opts, args) -> int:
             ids = history + tpl.encode(text[len(history_text):])
         else:
             ids = tpl.encode(text)
-        if ids[: cache.n] != cache.tokens:
-            # the rendering changed what came before (a template that drops an earlier turn's reasoning): back to
-            # the checkpoint a few tokens before the last prompt's end, if the conversation still starts with it
-            m = cache.mark_n
-            if m and m < len(ids) and ids[:m] == cache.tokens[:m]:
-                cache.rewind(m)
-            else:
-                cache = model.new_cache()
+        # all the caches hold, or, where the rendering changed what came before (a template that drops an
+        # earlier turn's reasoning), their checkpoint a few tokens before the last prompt's end
+        cache.rewind(cache.reusable(ids, block, B, leave_last=model.config.shift_logits))
         reused = cache.n
         plain = tpl.unmark(text)
         out, stats, interrupted = generate(model, ids[cache.n :], opts, args, cache=cache, prompt_text=plain,
