@@ -82,6 +82,10 @@ def shipped_as_qwen35moe(dst: Path) -> Path:
         vtype = f.types[0]
         sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, f.contents(), vtype, sub_type=sub)
+    if "tokenizer.ggml.add_space_prefix" not in r.fields:  # (the shipped file predates the converter writing it)
+        from clover_cpu.convert.tokenizer import _spm_add_dummy_prefix
+
+        w.add_add_space_prefix(_spm_add_dummy_prefix(bytes(r.fields["tokenizer.clover.spm_model"].contents())))
     with GGUFFile(clover_cpu.shipped_model()) as g:
         for name, ti in g.tensors.items():
             x = kernels.dequantize(np.ascontiguousarray(g.data(name)), ti.type_name).reshape(ti.shape)

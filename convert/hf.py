@@ -358,6 +358,8 @@ def write_metadata(w, c: ModelConfig, vocab: Vocab, out_type: str, name: str, n_
     w.add_bool("tokenizer.ggml.add_eos_token", False)
     if vocab.chat_template:
         w.add_string("tokenizer.chat_template", vocab.chat_template)
+    if vocab.add_space_prefix is not None:
+        w.add_add_space_prefix(vocab.add_space_prefix)
     if vocab.spm_bytes is not None:
         w.add_key_value(SPM_MODEL_KEY, list(vocab.spm_bytes), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT8)
 

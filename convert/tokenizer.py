@@ -26,6 +26,9 @@ class Vocab:
     add_bos: bool = False
     chat_template: str | None = None
     spm_bytes: bytes | None = None
+    # SentencePiece: whether the model prepends "▁" to the text (its add_dummy_prefix), which llama.cpp
+    # reads as tokenizer.ggml.add_space_prefix and otherwise takes to be true
+    add_space_prefix: bool | None = None
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
@@ -81,6 +84,16 @@ def _spm_pieces(model: bytes) -> list[tuple[str, float, int]]:
     return pieces
 
 
+def _spm_add_dummy_prefix(model: bytes) -> bool:
+    """NormalizerSpec.add_dummy_prefix of a SentencePiece ModelProto (field 3; its field 3, default true)."""
+    for num, wire, v in _fields(model):
+        if num == 3 and wire == 2:
+            for n2, w2, v2 in _fields(v):
+                if n2 == 3 and w2 == 0:
+                    return bool(v2)
+    return True
+
+
 # SentencePiece piece types -> llama.cpp token types
 _SPM_TYPES = {1: NORMAL, 2: UNKNOWN, 3: CONTROL, 4: USER_DEFINED, 5: UNUSED, 6: BYTE}
 
@@ -107,6 +120,7 @@ def _read_spm(path: Path) -> Vocab:
         scores=[s for _, s, _ in pieces],
         special=special,
         spm_bytes=data,
+        add_space_prefix=_spm_add_dummy_prefix(data),
     )
 
 

@@ -234,6 +234,9 @@ def test_spm_tokenizer_embedded(ckpts, tmp_path):
     assert len(tokens) == 512
     assert field(r, "tokenizer.ggml.bos_token_id") == 1 and field(r, "tokenizer.ggml.eos_token_id") == 2
     assert "tokenizer.chat_template" in r.fields
+    # llama.cpp prepends a space to SentencePiece text unless the file says not to (add_space_prefix): the
+    # file says what the embedded model does, so llama.cpp tokenizes it as clover-cpu does
+    assert field(r, "tokenizer.ggml.add_space_prefix") == sp.encode("a", out_type=str)[0].startswith("\u2581")
 
 
 def test_tokenizer_padding(ckpts):
@@ -397,3 +400,20 @@ def test_killed_conversion_leaves_old_file_or_nothing(tmp_path, sig):
     assert out.read_bytes() == b"old"
     if sig != "SIGKILL":  # a polite stop also removes the temporary file
         assert not [f for f in tmp_path.iterdir() if ".partial" in f.name]
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_spm_space_prefix_for_llama_cpp(tmp_path, prefix):
+    # a SentencePiece model trained with and without its dummy prefix (the shipped model's has none): the
+    # converter's flag is what the model does to the text, as llama.cpp's converter writes it
+    import sentencepiece as spm
+
+    from clover_cpu.convert.tokenizer import read_tokenizer
+
+    text = tmp_path / "t.txt"
+    text.write_text("\n".join(f"def f{i}(x):\n    return x + {i}" for i in range(300)))
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "tokenizer"), vocab_size=100,
+                                   add_dummy_prefix=prefix, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model"))
+    assert sp.encode("def", out_type=str)[0].startswith("\u2581") == prefix  # (what the flag means)
+    assert read_tokenizer(tmp_path, 100).add_space_prefix is prefix
