@@ -553,6 +553,35 @@ class ChatTemplate:
             ids += piece_ids
         return ids
 
+    def user_turn_ids(self) -> list[int] | None:
+        """The token ids that open a user message (Qwen3.5's template: `<|im_start|>user\n`; Llama 3's:
+        `<|start_header_id|>user<|end_header_id|>\n\n`), from the rendering of a one-message conversation:
+        the text from a control token up to the message's content, the last control token before it, or
+        the one before that where only the role's name lies between them (so that the opener is not also
+        what opens a system message). None where no control token comes before the content (no way to
+        tell the template's own text from a message's). The prefill checkpoints a conversation where its
+        first user message begins (clover_cpu.decode), as llama-server checkpoints at user messages, so that
+        another conversation with the same system prompt and tools starts from there."""
+        probe = "\U000f0002"  # (a private-use character no template writes)
+        text = self.render([{"role": "user", "content": probe}], add_generation_prompt=False, mark=True)
+        at = text.find(probe)
+        controls = self.control_tokens()
+
+        def last_control(end):
+            return max((text.rfind(t, 0, end) for t in controls), default=-1) if end > 0 else -1
+
+        start = last_control(at)
+        if start < 0:
+            return None
+        before = last_control(start)
+        if "user" not in text[start:at] and before >= 0:
+            between = text[before:start]
+            for t in controls:
+                between = between.replace(t, "")
+            if between.strip() == "user":
+                start = before
+        return self.encode(text[start:at]) or None
+
     @staticmethod
     def unmark(text: str) -> str:
         return text.replace(MARK_START, "").replace(MARK_END, "")

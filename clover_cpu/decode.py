@@ -329,6 +329,23 @@ def block_grid(config, opts: Options) -> tuple[int, int | None]:
     return B, (B if config.is_diffusion else None)
 
 
+def first_user_turn(model, prompt: list[int], context: int) -> int:
+    """Where the first user message's content begins in `prompt`: the end of the first run of
+    Model.user_turn_ids in it. 0: nowhere, or the model's chat template does not show it, or the prompt
+    is too short for a checkpoint to pay, or it continues a context (`context` committed tokens: a
+    conversation's next turn, whose first user message the context holds)."""
+    if context or len(prompt) < MARK_MIN:
+        return 0  # (and the template is not rendered for a short prompt)
+    opener = getattr(model, "user_turn_ids", None)
+    if not opener or len(prompt) < len(opener):
+        return 0
+    ids = np.asarray(prompt, dtype=np.int64)
+    for i in np.flatnonzero(ids[: len(ids) - len(opener) + 1] == opener[0]):
+        if prompt[i : i + len(opener)] == opener:
+            return int(i) + len(opener)
+    return 0
+
+
 def decode(model, prompt_ids, opts: Options, cache=None, *, mark: bool = False):
     """Generate after prompt_ids; yields Events. `cache` may hold an earlier conversation (its committed
     length must be a multiple of the block length); it is extended in place (mark: decode_steps)."""
@@ -349,10 +366,11 @@ def decode(model, prompt_ids, opts: Options, cache=None, *, mark: bool = False):
 def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = False):
     """The decoding loop as a coroutine: yields Events, and Forwards whose logits the driver sends back
     (see Forward). Checks its arguments before the first yield. The prompt's prefill ends a forward
-    MARK_BACK tokens before the prompt's end (on the block grid); mark=True checkpoints the cache there
-    (Cache.mark), where a later request that shares the prompt but not what came after it (a chat's next
-    turn, the same prompt again) can resume. (The cut is made either way, so that a request decodes the
-    same with and without the checkpoint: a forward over fewer tokens may round differently.)"""
+    MARK_BACK tokens before the prompt's end and where its first user message begins (first_user_turn),
+    both on the block grid; mark=True checkpoints the cache there (Cache.mark), where a later request that
+    shares the prompt but not what came after it (a chat's next turn, the same prompt again, another
+    conversation with the same system prompt) can resume. (The cuts are made either way, so that a request
+    decodes the same with and without checkpoints: a forward over fewer tokens may round differently.)"""
     c = model.config
     opts.validate()
     B, block_mode = block_grid(c, opts)
@@ -400,11 +418,18 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
     at = (len(prompt) - MARK_BACK) // B * B
     if at <= 0 or (at < n_full and cache.n + at < MARK_MIN):
         at = 0
+    # and, reading a conversation from its start, where its first user message begins (its system prompt
+    # and tools end there, which other conversations may share: the engine starts them from this
+    # checkpoint), on the grid, before `at`
+    cuts_at = {at} - {0}
+    user = first_user_turn(model, prompt, cache.n) // B * B
+    if MARK_MIN <= user <= n_full and user < (at or n_full + 1):
+        cuts_at.add(user)
     carry = None  # logits of the last committed position (predicts the next token when shift)
     if n_full:
         # in chunks (whole blocks) so a long prompt's activations stay small; the caches make it exact
         step = max(B, PREFILL_CHUNK // B * B)
-        cuts = sorted({*range(step, n_full, step), n_full} | ({at} if at else set()))
+        cuts = sorted({*range(step, n_full, step), n_full} | cuts_at)
         s0 = 0
         for s1 in cuts:
             chunk = prompt[s0:s1]
@@ -413,7 +438,7 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
             out = yield Forward(cache, chunk, len(chunk), block_mode, [len(chunk) - 1] if last else [])
             if last:
                 carry = out[0]
-            if s1 == at and mark:
+            if s1 in cuts_at and mark:
                 cache.mark()
             if n_full > step:  # a long prompt: how far it has been read (the CLI shows it)
                 yield Event("prefill", progress=(s1, n_full))

@@ -8,12 +8,14 @@ they need, and hands each sequence its logits. A sequence joins or leaves betwee
 thread.
 
 Prompt caching: a finished sequence's cache stays in a pool (`cache_slots` caches in all, those decoding
-included; default `parallel`), with what it committed and a checkpoint a few tokens before its prompt's
-end (Cache.mark). A new request takes the cache that already holds the longest part of its prompt, whole
-or back to that checkpoint, and reads only the rest: a chat's next turn (the conversation so far, then a
-new message) or an agent's next step costs its new tokens. The caches are those the whole prompt would
-leave (committing in parts gives the same states, up to float rounding where a part takes another kernel
-path), so the reply is the same, as with batching.
+included; default `parallel`), with what it committed and checkpoints (Cache.mark) where its first user
+message begins and a few tokens before its prompt's end. A new request takes the cache that already holds
+the longest part of its prompt, whole or back to its newest checkpoint, and reads only the rest: a chat's
+next turn (the conversation so far, then a new message) or an agent's next step costs its new tokens. A
+request that shares only the start of another conversation (its system prompt and tools) gets a copy of
+that part in a cache of its own, so both conversations stay cached. The caches are those the whole prompt
+would leave (committing in parts gives the same states, up to float rounding where a part takes another
+kernel path), so the reply is the same, as with batching.
 """
 
 from __future__ import annotations
@@ -192,8 +194,10 @@ class Engine:
 
     def _take_cache(self, job: Job):
         """A cache for the job and the prompt tokens it holds: the pooled one that holds the most of the
-        prompt (rewound to them); else an empty one, a new one while fewer than `cache_slots` exist (so that
-        as many conversations stay cached), or the least recently used one, cleared."""
+        prompt (rewound to them), or, where that is only an earlier checkpoint of it (another conversation
+        that shares this one's system prompt), a copy of that part in a cache of its own, so the other
+        conversation keeps its cache too; else an empty one, a new one while fewer than `cache_slots`
+        exist (so that as many conversations stay cached), or the least recently used one, cleared."""
         best, best_n = None, 0
         if job.cache_prompt:
             c = self.model.config
@@ -202,20 +206,34 @@ class Engine:
                 n = cache.reusable(job.prompt_ids, block, B, leave_last=c.shift_logits)
                 if n > best_n:
                     best, best_n = cache, n
+        if best is not None and best_n < best.n:
+            # another conversation's start (an earlier checkpoint): copied, where a cache can be spared; the
+            # same conversation's newest checkpoint (its next turn rendered differently, the same prompt
+            # again): the cache is taken back to it, unless a slot is free anyway
+            own = self._spare_cache(keep=best, evict=best_n != best.mark_n)
+            if own is not None:
+                own.copy_prefix(best, best_n)
+                return own, best_n
         if best is None:
-            empty = [c for c in self._free_caches if not c.n]
-            if empty:
-                cache = empty[0]
-                self._free_caches.remove(cache)
-            elif self._caches() < self.cache_slots or not self._free_caches:
-                cache = self.model.new_cache()
-            else:
-                cache = self._free_caches.pop(0)
+            cache = self._spare_cache()
             cache.clear()
             return cache, 0
         self._free_caches.remove(best)
         best.rewind(best_n)
         return best, best_n
+
+    def _spare_cache(self, keep=None, evict: bool = True):
+        """A cache to fill afresh: an empty pooled one, a new one while fewer than `cache_slots` exist, or
+        (evict) the least recently used pooled one, if that is not `keep`; else None."""
+        empty = [c for c in self._free_caches if not c.n and c is not keep]
+        if empty:
+            self._free_caches.remove(empty[0])
+            return empty[0]
+        if self._caches() < self.cache_slots or not self._free_caches:
+            return self.model.new_cache()
+        if not evict or self._free_caches[0] is keep:
+            return None
+        return self._free_caches.pop(0)
 
     def _caches(self) -> int:
         """Caches that exist: pooled, and held by the sequences decoding."""

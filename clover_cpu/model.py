@@ -94,11 +94,11 @@ class Cache:
     tokens: list = field(default_factory=list)  # the committed token ids (positions 0..n-1)
     # the block grid the committed positions were written on (None: causal attention); set by the decoder
     block: int | None = None
-    # a checkpoint (`mark`): the length and the GDN / conv states there, so that the cache can go back to
-    # it (`rewind`) after later commits; the attention rows before it are never written again
-    mark_n: int | None = None
-    mark_ssm: dict[int, np.ndarray] = field(default_factory=dict)
-    mark_conv: dict[int, np.ndarray] = field(default_factory=dict)
+    # checkpoints (`mark`): length -> the GDN / conv states there (two dicts like ssm / conv), so that the
+    # cache can go back to one (`rewind`) after later commits; attention rows before it are never written
+    # again. At most MAX_MARKS: the first (a conversation's start, which others may share) and the newest.
+    marks: dict[int, tuple[dict, dict]] = field(default_factory=dict)
+    spare: list = field(default_factory=list, repr=False)  # dropped checkpoints' buffers, for the next ones
 
     def reserve(self, layer: int, n_total: int, row_shape: tuple[int, int], dtype) -> None:
         """Grow the KV arrays of a layer to hold n_total rows of row_shape (doubling: allocated lazily up to
@@ -132,27 +132,41 @@ class Cache:
         self.n = 0
         self.tokens = []
         self.block = None
-        self.mark_n = None
+        self._drop_marks(0)
         for a in (*self.ssm.values(), *self.conv.values()):
             a[...] = 0
 
+    @property
+    def mark_n(self) -> int | None:
+        """The newest checkpoint's length (None: no checkpoint)."""
+        return max(self.marks) if self.marks else None
+
+    def _drop_marks(self, above: int) -> None:
+        for n in [m for m in self.marks if m > above]:
+            self.spare.append(self.marks.pop(n))
+        del self.spare[MAX_MARKS:]
+
     def mark(self) -> None:
         """Checkpoint the current length: `rewind(n)` can later come back to it. Copies the recurrent and
-        conv states (the only state a later commit overwrites; attention rows are append-only), into
-        buffers kept from the last mark, so a mark per request costs a copy, not page faults."""
-        for live, saved, make in ((self.ssm, self.mark_ssm, aligned_zeros),
-                                  (self.conv, self.mark_conv, lambda shape: np.zeros(shape, np.float32))):
-            for i, a in live.items():
-                if i not in saved or saved[i].shape != a.shape:
-                    saved[i] = make(a.shape)
-                np.copyto(saved[i], a)
-        self.mark_n = self.n
+        conv states (the only state a later commit overwrites; attention rows are append-only) into
+        buffers kept from dropped checkpoints, so a checkpoint per request costs a copy, not page faults.
+        Beyond MAX_MARKS the second oldest goes: the first stays (a conversation's start: its system
+        prompt and tools, which a new conversation may share), and the newest (where its next turn goes
+        on)."""
+        if self.n in self.marks:  # (the same tokens: the same states)
+            return
+        if len(self.marks) >= MAX_MARKS:
+            self.spare.append(self.marks.pop(sorted(self.marks)[1] if MAX_MARKS > 1 else min(self.marks)))
+        ssm, conv = self.spare.pop() if self.spare else ({}, {})
+        _copy_states(self.ssm, ssm)
+        _copy_states(self.conv, conv)
+        self.marks[self.n] = (ssm, conv)
 
     def reusable(self, prompt, block: int | None, grid: int, leave_last: bool) -> int:
-        """How many of `prompt`'s tokens this cache can keep: all it holds, else its checkpoint, where that is
-        a prefix of the prompt on the decoder's grid (`block`: the block mode it writes with, `grid`: its
-        block length); leave_last keeps the prompt's last token to read (with shifted logits its logits
-        predict the first new token). 0: none (the cache must be cleared)."""
+        """How many of `prompt`'s tokens this cache can keep: all it holds, else its newest checkpoint that
+        is a prefix of the prompt, on the decoder's grid (`block`: the block mode it writes with, `grid`:
+        its block length); leave_last keeps the prompt's last token to read (with shifted logits its
+        logits predict the first new token). 0: none (the cache must be cleared)."""
         if not self.n or self.block != block:
             return 0
         limit = min(self.n, len(prompt) - (1 if leave_last else 0))
@@ -160,25 +174,47 @@ class Cache:
             return 0
         differ = np.flatnonzero(np.asarray(self.tokens[:limit]) != np.asarray(prompt[:limit], dtype=np.int64))
         common = int(differ[0]) if differ.size else limit
-        for n in (self.n, self.mark_n):
+        for n in (self.n, *sorted(self.marks, reverse=True)):
             if n and n <= common and n % grid == 0:
                 return n
         return 0
 
     def rewind(self, n: int) -> None:
-        """Back to length n: the current length, the mark, or 0 (a cleared cache)."""
+        """Back to length n: the current length, a checkpoint (the later ones are dropped), or 0 (a
+        cleared cache)."""
         if n == self.n:
             return
         if n == 0:
             self.clear()
             return
-        if n != self.mark_n or n > self.n:
-            raise ValueError(f"the cache can go back to its mark ({self.mark_n}) or to 0, not to {n}")
-        for live, saved in ((self.ssm, self.mark_ssm), (self.conv, self.mark_conv)):
-            for i, a in live.items():
-                np.copyto(a, saved[i])
+        if n not in self.marks or n > self.n:
+            marks = ", ".join(map(str, sorted(self.marks))) or "none"
+            raise ValueError(f"the cache can go back to a checkpoint ({marks}) or to 0, not to {n}")
+        ssm, conv = self.marks[n]
+        _copy_states(ssm, self.ssm)
+        _copy_states(conv, self.conv)
         self.n = n
         del self.tokens[n:]
+        self._drop_marks(n)
+
+    def copy_prefix(self, src: "Cache", n: int) -> None:
+        """Become the first n positions of `src` (its length or one of its checkpoints), checkpointed there,
+        leaving src as it is: a new conversation that shares another's start (a system prompt, tools) reads
+        only the rest, and the other conversation keeps its cache. Costs a copy of n attention rows per
+        attention layer and of the recurrent and conv states."""
+        if n != src.n and n not in src.marks:
+            raise ValueError(f"{n} is neither the length of the cache nor one of its checkpoints")
+        self.clear()
+        self.capacity_limit = self.capacity_limit or src.capacity_limit  # (a bare Cache(): set by a run)
+        for layer, k in src.k.items():
+            self.reserve(layer, n, k.shape[1:], k.dtype)
+            self.k[layer][:n] = k[:n]
+            self.v[layer][:n] = src.v[layer][:n]
+        ssm, conv = (src.ssm, src.conv) if n == src.n else src.marks[n]
+        _copy_states(ssm, self.ssm)
+        _copy_states(conv, self.conv)
+        self.n, self.tokens, self.block = n, list(src.tokens[:n]), src.block
+        self.mark()
 
     def snapshot(self) -> "Cache":
         """A copy that later `restore` can return to (for a chat that continues)."""
@@ -188,17 +224,27 @@ class Cache:
         self.__dict__.update(snap._copy().__dict__)
 
     def _copy(self) -> "Cache":
-        def aligned_copy(a):
-            out = aligned_zeros(a.shape)
-            out[...] = a
+        def states(d):
+            out = {}
+            _copy_states(d, out)
             return out
 
         return Cache(k={i: a.copy() for i, a in self.k.items()}, v={i: a.copy() for i, a in self.v.items()},
-                     ssm={i: aligned_copy(a) for i, a in self.ssm.items()},
-                     conv={i: a.copy() for i, a in self.conv.items()}, n=self.n,
+                     ssm=states(self.ssm), conv=states(self.conv), n=self.n,
                      capacity_limit=self.capacity_limit, tokens=list(self.tokens), block=self.block,
-                     mark_n=self.mark_n, mark_ssm={i: aligned_copy(a) for i, a in self.mark_ssm.items()},
-                     mark_conv={i: a.copy() for i, a in self.mark_conv.items()})
+                     marks={n: (states(s), states(c)) for n, (s, c) in self.marks.items()})
+
+
+MAX_MARKS = 2  # checkpoints a Cache keeps (each a copy of the recurrent and conv states: 66 MB, bench model)
+
+
+def _copy_states(src: dict, dst: dict) -> None:
+    """Copy a layer -> state dict into dst's arrays, making (64-byte aligned) ones where dst has none of
+    that shape."""
+    for i, a in src.items():
+        if i not in dst or dst[i].shape != a.shape:
+            dst[i] = aligned_zeros(a.shape) if a.dtype == np.float32 else np.zeros_like(a)
+        np.copyto(dst[i], a)
 
 
 # ---- the model ----
@@ -750,6 +796,20 @@ class Model:
                 self._chat_template = ChatTemplate(source, tokenizer=self.tokenizer,
                                                    special_tokens=self.tokenizer.special_token_strings())
         return self._chat_template
+
+    @property
+    def user_turn_ids(self) -> list[int] | None:
+        """The token ids that open a user message in the file's chat template (ChatTemplate.user_turn_ids;
+        found once), or None: no template, or one that does not show where a message begins."""
+        if not hasattr(self, "_user_turn_ids"):
+            from .chat import ChatTemplateError
+
+            try:
+                tpl = self.chat_template
+                self._user_turn_ids = tpl.user_turn_ids() if tpl is not None else None
+            except (ChatTemplateError, GGUFError):
+                self._user_turn_ids = None
+        return self._user_turn_ids
 
     def apply_chat_template(self, messages, *, tools=None, add_generation_prompt: bool = True,
                             tokenize: bool = False, sanitize_control_tokens: bool = True, **template_kwargs):

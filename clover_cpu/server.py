@@ -255,6 +255,7 @@ class State:
 
                 self.model = clover_cpu.load(s.model_path, threads=s.threads, ctx_len=s.ctx_len, kv_type=s.kv_type)
             self.template = self.model.chat_template
+            self.model.user_turn_ids  # (found now, not on the first request: it renders the template once)
             if self.template is None:  # a file without one (a base model): ChatML, as llama-server falls back to
                 from .chat import ChatTemplate
 

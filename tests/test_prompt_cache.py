@@ -29,6 +29,16 @@ def qwen(tmp_path_factory):
     return clover_cpu.load(path, threads=1)
 
 
+@pytest.fixture(scope="module")
+def qwen_clover(tmp_path_factory):
+    # a diffusion model (blocks of 8) with the same vocabulary and template: checkpoints on its block grid
+    import qwen_fixtures
+
+    path = qwen_fixtures.converted_model(tmp_path_factory, chat_template=qwen_fixtures.template(),
+                                         model_type="clover")
+    return clover_cpu.load(path, threads=1)
+
+
 def states(cache):
     return ({i: a.copy() for i, a in cache.ssm.items()}, {i: a.copy() for i, a in cache.conv.items()},
             {i: a[: cache.n].copy() for i, a in cache.k.items()}, {i: a[: cache.n].copy() for i, a in cache.v.items()})
@@ -46,7 +56,7 @@ def test_mark_and_rewind(model):
     cache.mark()
     at_mark, tokens = states(cache), list(cache.tokens)
     model.run(cache, rng.integers(5, 500, 2 * B), commit=True, block=B)
-    with pytest.raises(ValueError, match="its mark"):
+    with pytest.raises(ValueError, match="a checkpoint"):
         cache.rewind(4 * B)
     cache.rewind(3 * B)
     assert cache.n == 3 * B and cache.tokens == tokens and same(states(cache), at_mark)
@@ -349,3 +359,187 @@ def test_engine_concurrent_conversations(model, runner):
     for k, (p, a, _) in results.items():
         assert a == fresh(model, p, **opts), k
     assert all((c > 0) == (t > 0) for (_, t), (_, _, c) in results.items())
+
+
+# ---- several checkpoints: a conversation's start shared with other conversations ----
+
+
+def test_marks_keep_the_first_and_the_newest(model):
+    B = model.config.block_length
+    rng = np.random.default_rng(10)
+    cache = model.new_cache()
+    at = {}
+    for n in (2, 3, 5):
+        model.run(cache, rng.integers(5, 500, n * B - cache.n), commit=True, block=B)
+        cache.mark()
+        at[n] = states(cache)
+    assert sorted(cache.marks) == [2 * B, 5 * B]  # (3 * B, the second oldest, gave way to 5 * B)
+    model.run(cache, rng.integers(5, 500, B), commit=True, block=B)
+    with pytest.raises(ValueError, match="16, 40"):
+        cache.rewind(3 * B)
+    cache.rewind(5 * B)
+    assert same(states(cache), at[5])
+    # a copy of the first checkpoint, in another cache, leaves this one as it was
+    before, tokens = states(cache), list(cache.tokens)
+    other = model.new_cache()
+    model.run(other, rng.integers(5, 500, 3 * B), commit=True, block=B)
+    other.copy_prefix(cache, 2 * B)
+    assert other.n == 2 * B and other.tokens == tokens[: 2 * B] and other.marks.keys() == {2 * B}
+    assert same(states(other), at[2]) and same(states(cache), before) and cache.tokens == tokens
+    with pytest.raises(ValueError, match="neither"):
+        other.copy_prefix(cache, 3 * B)
+    # back to the first: the later checkpoint goes, and its buffers serve the next one
+    cache.rewind(2 * B)
+    assert same(states(cache), at[2]) and sorted(cache.marks) == [2 * B] and len(cache.spare) == 1
+    spare = cache.spare[0]
+    model.run(cache, rng.integers(5, 500, B), commit=True, block=B)
+    cache.mark()
+    assert cache.marks[3 * B][0] is spare[0] and not cache.spare
+    snap = cache.snapshot()
+    assert sorted(snap.marks) == [2 * B, 3 * B] and snap.marks[2 * B][0] is not cache.marks[2 * B][0]
+
+
+def test_user_turn_ids(qwen, model):
+    assert qwen.user_turn_ids == qwen.tokenize("<|im_start|>user\n")
+    from clover_cpu.chat import ChatTemplate
+
+    # a template whose messages follow no control token: the start of a message cannot be told
+    plain = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+                         tokenizer=qwen.tokenizer, isolate=False)
+    assert plain.user_turn_ids() is None
+    assert model.user_turn_ids is None  # (the shipped code model has no chat template)
+    # Llama 3's template: the last control token before a message (<|end_header_id|>) also ends the system
+    # message's header; the opener goes back to the one before the role's name
+    import realfiles
+    from clover_cpu.decode import first_user_turn
+    from clover_cpu.tokenizer import load_tokenizer
+
+    models = realfiles.llama_cpp() / "models"
+    tok = load_tokenizer(models / "ggml-vocab-llama-bpe.gguf")
+    llama3 = ChatTemplate((models / "templates" / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text(),
+                          tokenizer=tok, special_tokens=tok.special_token_strings())
+    opener = llama3.user_turn_ids()
+    assert tok.decode(opener, skip_special=False) == "<|start_header_id|>user<|end_header_id|>\n\n"
+    text = llama3.render([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}],
+                         add_generation_prompt=True, mark=True)
+    ids = llama3.encode(text)
+
+    class Llama3:
+        user_turn_ids = opener
+
+    user = first_user_turn(Llama3, ids, 0)
+    head = tok.decode(ids[:user], skip_special=False)
+    assert head.endswith(SYSTEM + "<|eot_id|>" + tok.decode(opener, skip_special=False))
+    assert first_user_turn(Llama3, ids, 64) == 0  # (a context holds the conversation's start)
+
+
+SYSTEM = ("You are a careful assistant for a team that maintains a Python library. Answer in short "
+          "paragraphs, quote code in fenced blocks, and say when you are unsure. ") * 4 + "Be brief."
+
+
+def chat_ids(m, system, user):
+    return m.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                 tokenize=True)
+
+
+@pytest.mark.parametrize("which", ["qwen", "qwen_clover"])
+def test_decoder_marks_where_the_first_user_message_begins(which, request):
+    qwen = request.getfixturevalue(which)
+    B = qwen.config.block_length if qwen.config.is_diffusion else 1
+    ids = chat_ids(qwen, SYSTEM, "What does functools.partial do, and when is a lambda better?")
+    opener = qwen.tokenize("<|im_start|>user\n")
+    user = next(i for i in range(len(ids)) if ids[i : i + len(opener)] == opener) + len(opener)
+    assert user >= 64 and (B == 1 or user % B)  # (on the grid: the block boundary before it)
+    user = user // B * B
+    opts = Options(max_new_tokens=6, stop_at_eos=False)
+    plain, marked = qwen.new_cache(), qwen.new_cache()
+    got, lengths = drive(qwen, ids, opts, marked, mark=True)
+    want, _ = drive(qwen, ids, opts, plain)
+    assert got == want and same(states(plain), states(marked))
+    end = (len(ids) - MARK_BACK) // B * B
+    assert sorted(marked.marks) == [user, end] and user in lengths and end in lengths
+    # from the decoder's own reading of a raw prompt (run, the Python API) the same cuts: the same forwards
+    _, raw_lengths = drive(qwen, ids, opts, qwen.new_cache())
+    assert raw_lengths == lengths
+    # the next turn goes on from the cache, which holds the first user message: no cut where the second
+    # one begins, only before the prompt's end (which replaces the newest checkpoint; the first stays)
+    reply = qwen.tokenize(" It binds arguments ahead of the call." * 12 + "<|im_end|>\n")  # (a long reply)
+    nxt = ids + got + reply + qwen.tokenize("<|im_start|>user\nAnd a partial of a partial?<|im_end|>\n"
+                                            "<|im_start|>assistant\n")
+    marked.rewind(marked.reusable(nxt, marked.block, B, leave_last=qwen.config.shift_logits))
+    second = (len(ids) + len(got) + len(reply) + len(opener)) // B * B
+    n0 = marked.n
+    assert second - n0 >= 64  # (far enough into the new tokens for a cut there to be made if it were sought)
+    _, lengths = drive(qwen, nxt[n0:], opts, marked, mark=True)
+    end = (len(nxt) - MARK_BACK) // B * B
+    assert second not in lengths and end in lengths and sorted(marked.marks) == [user, end]
+
+
+@pytest.mark.parametrize("which", ["qwen", "qwen_clover"])
+def test_engine_shares_a_system_prompt_across_conversations(which, request, runner):
+    """Two conversations with the same system prompt: the second starts from the first's checkpoint where
+    its user message begins, copied into a cache of its own, so the first conversation's next turn still
+    finds its whole cache; each reply equals the one from an empty cache."""
+    qwen = request.getfixturevalue(which)
+    B = qwen.config.block_length if qwen.config.is_diffusion else 1
+    opts = dict(max_new_tokens=8, stop_at_eos=False)
+    opener = qwen.tokenize("<|im_start|>user\n")
+    r = runner(qwen, parallel=1, cache_slots=2)
+    a = chat_ids(qwen, SYSTEM, "How do I read a file line by line?")
+    b = chat_ids(qwen, SYSTEM, "Why is my dict ordered?")
+    user = (next(i for i in range(len(a)) if a[i : i + len(opener)] == opener) + len(opener)) // B * B
+    got_a, cached = r.ask(a, **opts)
+    assert cached == 0
+    assert_reply(qwen, a, got_a, **opts)
+    got_b, cached = r.ask(b, **opts)
+    assert cached == user
+    assert_reply(qwen, b, got_b, **opts)
+    a2 = a + got_a + qwen.tokenize("<|im_end|>\n<|im_start|>user\nAnd in binary mode?<|im_end|>\n"
+                                   "<|im_start|>assistant\n")
+    got_a2, cached = r.ask(a2, **opts)
+    # all it holds: the prompt and the reply (an autoregressive cache holds all but the reply's last token,
+    # a diffusion one its whole blocks)
+    assert cached == (len(a) + len(got_a) - 1 if B == 1 else (len(a) + len(got_a)) // B * B)
+    assert_reply(qwen, a2, got_a2, **opts)
+    # a third conversation with the same start, with both slots held: the least recently used one (b's)
+    # takes the copy; a's conversation goes on from its own cache again
+    c = chat_ids(qwen, SYSTEM, "What is a generator?")
+    got_c, cached = r.ask(c, **opts)
+    assert cached == user
+    assert_reply(qwen, c, got_c, **opts)
+    a3 = a2 + got_a2 + qwen.tokenize("<|im_end|>\n<|im_start|>user\nThanks.<|im_end|>\n"
+                                     "<|im_start|>assistant\n")
+    _, cached = r.ask(a3, **opts)
+    assert cached >= len(a2)
+    # one slot only: the conversation that shares the start takes the cache itself, rewound
+    r1 = runner(qwen, parallel=1)
+    r1.ask(a, **opts)
+    got_b1, cached = r1.ask(b, **opts)
+    assert cached == user and got_b1 == got_b
+
+
+def test_engine_copies_a_single_checkpoint_where_a_slot_is_free(qwen_clover, runner):
+    """A short first message: the checkpoint where it begins and the one before the prompt's end fall on
+    the same block boundary, so the cache holds one checkpoint, its newest. Another conversation that shares
+    only that start gets a copy while a slot is free, and the first conversation's next turn finds its
+    whole cache."""
+    m, B = qwen_clover, qwen_clover.config.block_length
+    opts = dict(max_new_tokens=16, stop_at_eos=False)
+    a = next(p for p in (chat_ids(m, SYSTEM, q) for q in ("Hi", "Hello", "Hey", "Thanks", "Why?"))
+             if (len(p) - MARK_BACK) // B == first_user(m, p) // B)
+    r = runner(m, parallel=1, cache_slots=2)
+    got_a, _ = r.ask(a, **opts)
+    held = r.eng._free_caches[0]
+    assert sorted(held.marks) == [first_user(m, a) // B * B]
+    b = chat_ids(m, SYSTEM, "Why is my dict ordered?")
+    _, cached = r.ask(b, **opts)
+    assert cached == first_user(m, a) // B * B
+    a2 = a + got_a + m.tokenize("<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n")
+    got_a2, cached = r.ask(a2, **opts)
+    assert cached == (len(a) + len(got_a)) // B * B
+    assert_reply(m, a2, got_a2, **opts)
+
+
+def first_user(m, ids):
+    opener = m.tokenize("<|im_start|>user\n")
+    return next(i for i in range(len(ids)) if ids[i : i + len(opener)] == opener) + len(opener)

@@ -47,8 +47,9 @@ def add_parser(sub) -> None:
                         "a prompt alone runs in chunks of 2048)")
     p.add_argument("--cache-slots", type=int, default=None,
                    help="finished conversations whose caches are kept for prompt caching, counting the ones "
-                        "decoding (default: --parallel); each holds its context's attention cache and two copies "
-                        "of the recurrent and conv states (132 MB for Clover-35B)")
+                        "decoding (default: --parallel); each holds its context's attention cache and up to "
+                        "three copies of the recurrent and conv states (the live ones and two checkpoints: "
+                        "198 MB for Clover-35B)")
     p.add_argument("--max-body", type=int, default=4 << 20, help="largest request body in bytes (default 4 MiB)")
     p.add_argument("--alias", default=None, help="the model's name in the API (default: the file name)")
     p.add_argument("--threads", type=threads_arg, default=None,
