@@ -10,7 +10,10 @@ prompt (median of `--ttft-runs`), and for clover-cpu its share of a request's ti
 forwards (HTTP, JSON, scheduling and sampling: 1 - busy seconds from /metrics / request wall time).
 With `--conversation N`, at --parallel 1: N requests, each the last one's prompt and `--turn-tokens` new
 tokens (a chat or an agent resending its context), with prompt caching (both servers' default) and, for
-clover-cpu, without it (`cache_prompt: false`); each request's time to first token. With `--mixed-prompt N`, at --parallel 2: while one stream generates, a second request brings an N-token
+clover-cpu, without it (`cache_prompt: false`); each request's time to first token. With
+`--shared-system N`, at --parallel 1, through /v1/chat/completions (a file with a chat template): `--chats`
+new conversations that share an N-token system prompt, each with its own question, then each one's second
+turn; each request's time to first token and cached tokens, with and without prompt caching. With `--mixed-prompt N`, at --parallel 2: while one stream generates, a second request brings an N-token
 prompt; reported are that request's time to first token and the longest wait between the first stream's
 tokens while the prompt is read (a server that reads the whole prompt in one forward stalls the stream
 for all of it; llama-server's token chunks mark them, and clover-cpu's token counter in /metrics, polled
@@ -253,6 +256,71 @@ def conversation(server: Server, turns: int, turn_tokens: int, max_tokens: int, 
     return {"turns": rows, "seconds": sum(r["seconds"] for r in rows)}
 
 
+def chat_request(url: str, messages: list, max_tokens: int, extra: dict | None = None) -> dict:
+    """One streaming /v1/chat/completions request: time to the first chunk that carries text (content or
+    reasoning), seconds, and the prompt tokens the server had cached (usage.prompt_tokens_details)."""
+    body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 1,
+                       "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first, usage = None, None
+    with urllib.request.urlopen(req, timeout=1800) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            if obj.get("usage"):
+                usage = obj["usage"]
+            for c in obj.get("choices") or []:
+                d = c.get("delta") or {}
+                if first is None and (d.get("content") or d.get("reasoning_content")):
+                    first = time.perf_counter() - t0
+    t = time.perf_counter() - t0
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    return {"ttft": first if first is not None else t, "seconds": t, "cached": cached,
+            "prompt_tokens": (usage or {}).get("prompt_tokens")}
+
+
+def system_text(server: Server, n: int) -> str:
+    """About n tokens of real text (the standard library's source), cut at a token through the server's
+    /tokenize and /detokenize."""
+    import inspect
+    import json as json_mod
+    import textwrap
+
+    text = "".join(inspect.getsource(m) for m in (textwrap, json_mod.decoder, json_mod.encoder, inspect))
+
+    def post(path, obj):
+        req = urllib.request.Request(server.url + path, data=json.dumps(obj).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+
+    ids = post("/tokenize", {"content": text})["tokens"]
+    if len(ids) < n:
+        raise SystemExit(f"--shared-system {n}: more than the {len(ids)} tokens of text at hand")
+    return post("/detokenize", {"tokens": ids[:n]})["content"]
+
+
+def shared_system(server: Server, system: str, chats: int, max_tokens: int, cache_prompt: bool = True) -> dict:
+    """`chats` new conversations, one after another, each a system prompt they all share (an agent's
+    instructions and tools) and a question of its own; then each one's second turn. Time to first token and
+    cached prompt tokens per request."""
+    rows = []
+    convs = [[{"role": "system", "content": system},
+              {"role": "user", "content": f"Question {i + 1}: which function above would you test first, and why?"}]
+             for i in range(chats)]
+    for turn in (1, 2):
+        for i, msgs in enumerate(convs):
+            r = chat_request(server.url, msgs, max_tokens, extra={"cache_prompt": cache_prompt})
+            rows.append({"chat": i + 1, "turn": turn, **r})
+            msgs += [{"role": "assistant", "content": f"Answer {i + 1}."},
+                     {"role": "user", "content": "And the second one?"}]
+    return {"requests": rows, "seconds": sum(r["seconds"] for r in rows)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True, help="GGUF file both servers load")
@@ -270,6 +338,10 @@ def main() -> int:
     ap.add_argument("--conversation", type=int, default=0,
                     help="also the growing-context test with this many turns (0: skip; --ctx must hold them)")
     ap.add_argument("--turn-tokens", type=int, default=512, help="new prompt tokens per turn of --conversation")
+    ap.add_argument("--shared-system", type=int, default=0,
+                    help="also the shared-system-prompt test: --chats conversations whose system prompt is this many "
+                         "tokens (0: skip; needs a file with a chat template)")
+    ap.add_argument("--chats", type=int, default=3, help="conversations of --shared-system")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "serve.json")
     a = ap.parse_args()
     if not a.model.is_file():
@@ -336,6 +408,26 @@ def main() -> int:
             held = ", ".join(str(t["cached"]) for t in r["turns"])
             print(f"conversation, {name}: TTFT per turn {ttfts} s (cached prompt tokens {held}); "
                   f"{r['seconds']:.1f} s in all", flush=True)
+    if a.shared_system:
+        out["shared_system"] = {}
+        runs = [("clover-cpu", True), ("clover-cpu", False)] + ([("llama-server", True)] if a.llama_server else [])
+        system = None
+        for kind, cached in runs:
+            # clover-cpu keeps --chats conversations (llama-server keeps finished prompts in its --cache-ram)
+            extra = ["--cache-slots", str(a.chats)] if kind == "clover-cpu" else []
+            s = start(kind, a.model, 1, a.threads, a.ctx, a.llama_server, logdir, extra)
+            try:
+                system = system or system_text(s, a.shared_system)
+                chat_request(s.url, [{"role": "user", "content": "Hello."}], 4)  # warm: pages mapped in
+                r = shared_system(s, system, a.chats, 16, cache_prompt=cached)
+            finally:
+                s.stop()
+            name = kind + ("" if cached else ", cache_prompt off")
+            out["shared_system"][name] = r
+            for row in r["requests"]:
+                print(f"shared system prompt, {name}: chat {row['chat']} turn {row['turn']}: TTFT {row['ttft']:.2f} s, "
+                      f"{row['prompt_tokens']} prompt tokens, {row['cached']} cached", flush=True)
+            print(f"shared system prompt, {name}: {r['seconds']:.1f} s in all", flush=True)
     _table(out, kinds, levels)
     a.json.write_text(json.dumps(out, indent=2))
     print(f"wrote {a.json}")
