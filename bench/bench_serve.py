@@ -30,6 +30,7 @@ drift between them stays small; rerun for the noise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import statistics
@@ -109,24 +110,28 @@ def start(kind: str, model: Path, parallel: int, threads: int, ctx: int, llama_s
     return Server(kind, cmd, port, logdir / f"serve-{kind}-p{parallel}.log")
 
 
+def sse_events(url: str, path: str, body: dict):
+    """POST `body` to a streaming endpoint; yields the JSON object of each server-sent event until [DONE]."""
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=1800) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
 def stream_request(url: str, prompt: list[int], max_tokens: int, times: list | None = None,
                    stop: threading.Event | None = None, temperature: float = 0.0, extra: dict | None = None) -> dict:
     """One streaming /v1/completions request: time to first text, tokens, seconds, prompt tokens the
     server had cached (usage.prompt_tokens_details, where it says). `times` gets the arrival time
     (perf_counter) of every chunk; `stop` set ends the request (the connection closes) at its next chunk;
     `extra`: more body fields."""
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": 1,
-                       "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True},
-                       **(extra or {})}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": 1, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra or {})}
     t0 = time.perf_counter()
     first, chunks, usage = None, 0, None
-    with urllib.request.urlopen(req, timeout=1800) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            obj = json.loads(line[6:])
+    with contextlib.closing(sse_events(url, "/v1/completions", body)) as events:  # (closed: the connection too)
+        for obj in events:
             if obj.get("usage"):
                 usage = obj["usage"]
             for c in obj.get("choices") or []:
@@ -259,24 +264,17 @@ def conversation(server: Server, turns: int, turn_tokens: int, max_tokens: int, 
 def chat_request(url: str, messages: list, max_tokens: int, extra: dict | None = None) -> dict:
     """One streaming /v1/chat/completions request: time to the first chunk that carries text (content or
     reasoning), seconds, and the prompt tokens the server had cached (usage.prompt_tokens_details)."""
-    body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 1,
-                       "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 1, "stream": True,
+            "stream_options": {"include_usage": True}, **(extra or {})}
     t0 = time.perf_counter()
     first, usage = None, None
-    with urllib.request.urlopen(req, timeout=1800) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            obj = json.loads(line[6:])
-            if obj.get("usage"):
-                usage = obj["usage"]
-            for c in obj.get("choices") or []:
-                d = c.get("delta") or {}
-                if first is None and (d.get("content") or d.get("reasoning_content")):
-                    first = time.perf_counter() - t0
+    for obj in sse_events(url, "/v1/chat/completions", body):
+        if obj.get("usage"):
+            usage = obj["usage"]
+        for c in obj.get("choices") or []:
+            d = c.get("delta") or {}
+            if first is None and (d.get("content") or d.get("reasoning_content")):
+                first = time.perf_counter() - t0
     t = time.perf_counter() - t0
     cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
     return {"ttft": first if first is not None else t, "seconds": t, "cached": cached,

@@ -437,6 +437,11 @@ SYSTEM = ("You are a careful assistant for a team that maintains a Python librar
           "paragraphs, quote code in fenced blocks, and say when you are unsure. ") * 4 + "Be brief."
 
 
+def next_turn(m, prompt, reply, message):
+    """The ids of a conversation's next turn: the prompt, the reply, and a new user message."""
+    return prompt + reply + m.tokenize(f"<|im_end|>\n<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n")
+
+
 def chat_ids(m, system, user):
     return m.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
                                  tokenize=True)
@@ -494,8 +499,7 @@ def test_engine_shares_a_system_prompt_across_conversations(which, request, runn
     got_b, cached = r.ask(b, **opts)
     assert cached == user
     assert_reply(qwen, b, got_b, **opts)
-    a2 = a + got_a + qwen.tokenize("<|im_end|>\n<|im_start|>user\nAnd in binary mode?<|im_end|>\n"
-                                   "<|im_start|>assistant\n")
+    a2 = next_turn(qwen, a, got_a, "And in binary mode?")
     got_a2, cached = r.ask(a2, **opts)
     # all it holds: the prompt and the reply (an autoregressive cache holds all but the reply's last token,
     # a diffusion one its whole blocks)
@@ -507,8 +511,7 @@ def test_engine_shares_a_system_prompt_across_conversations(which, request, runn
     got_c, cached = r.ask(c, **opts)
     assert cached == user
     assert_reply(qwen, c, got_c, **opts)
-    a3 = a2 + got_a2 + qwen.tokenize("<|im_end|>\n<|im_start|>user\nThanks.<|im_end|>\n"
-                                     "<|im_start|>assistant\n")
+    a3 = next_turn(qwen, a2, got_a2, "Thanks.")
     _, cached = r.ask(a3, **opts)
     assert cached >= len(a2)
     # one slot only: the conversation that shares the start takes the cache itself, rewound
@@ -534,7 +537,7 @@ def test_engine_copies_a_single_checkpoint_where_a_slot_is_free(qwen_clover, run
     b = chat_ids(m, SYSTEM, "Why is my dict ordered?")
     _, cached = r.ask(b, **opts)
     assert cached == first_user(m, a) // B * B
-    a2 = a + got_a + m.tokenize("<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n")
+    a2 = next_turn(m, a, got_a, "And then?")
     got_a2, cached = r.ask(a2, **opts)
     assert cached == (len(a) + len(got_a)) // B * B
     assert_reply(m, a2, got_a2, **opts)
