@@ -18,6 +18,7 @@ import numpy as np
 SCORERS = ("prob", "margin", "entropy")
 POLICIES = ("threshold", "fixed")
 MODES = ("exact", "auto")
+MAX_LOGIT_BIAS = 1024  # tokens an Options.logit_bias may name
 
 
 # ---- sampling and scoring: pure functions over one step's logits ----
@@ -207,6 +208,9 @@ class Options:
     # None: off; k >= 0: each new token's log-probability under the model (softmax of its logits at the step
     # that decided it, temperature 1), and the k most likely tokens there with theirs (Event.logprobs)
     logprobs: int | None = None
+    # token id -> a number added to that token's logits wherever a token is chosen (OpenAI's logit_bias:
+    # -100 keeps a token out, +100 all but forces it); the confidence and log-probabilities follow it
+    logit_bias: dict | None = None
 
     def validate(self) -> None:
         if self.max_new_tokens < 0:
@@ -240,6 +244,14 @@ class Options:
             raise ValueError(f"unknown scorer {self.scorer!r} (choose from {', '.join(SCORERS)})")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}")
+        if self.logit_bias:
+            if len(self.logit_bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens")
+            for t, b in self.logit_bias.items():
+                if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+                    raise ValueError(f"logit_bias token ids must be integers >= 0, not {t!r}")
+                if isinstance(b, bool) or not isinstance(b, (int, float, np.number)) or not -100 <= b <= 100:
+                    raise ValueError(f"logit_bias values must be numbers from -100 to 100 (token {t})")
 
 
 @dataclass
@@ -380,6 +392,11 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
     mask = c.mask_token_id if c.mask_token_id is not None else 0
     eos = c.eos_token_id if opts.stop_at_eos else None
     rng = np.random.default_rng(opts.seed) if opts.temperature > 0 else None
+    bias = None
+    if opts.logit_bias:
+        if max(opts.logit_bias) >= c.vocab_size:
+            raise ValueError(f"logit_bias token ids must be below the vocabulary size, {c.vocab_size}")
+        bias = (np.fromiter(opts.logit_bias, np.int64), np.fromiter(opts.logit_bias.values(), np.float32))
     prompt = [int(t) for t in prompt_ids]
     if not c.is_diffusion and not shift:
         raise ValueError("an autoregressive file needs shifted logits")
@@ -519,6 +536,9 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
                 end = cands[-1] + (0 if shift else 1) if w else B
                 rows = yield from predict(span[: max(1, end)], False, cands)
                 stats.forwards += 1
+            if bias is not None:
+                rows = rows.copy()  # (a fused commit's pending rows, `carry`: not changed in place)
+                rows[:, bias[0]] += bias[1]
             p = probabilities(rows, opts.temperature, opts.top_k, opts.top_p)
             cand = choose(p, opts.temperature, rng)
             conf = confidence(p, cand, opts.scorer)

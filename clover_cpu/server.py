@@ -112,6 +112,7 @@ class Sampling(CloverFields):
     top_logprobs: Optional[int] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None  # token id (a string, as in JSON) -> bias, -100 .. 100
 
 
 class ChatRequest(Sampling):
@@ -518,6 +519,12 @@ def _options(body: Sampling, max_new: int, model, n_prompt: int) -> Options:
                    threshold=body.threshold, block_length=body.block_length, max_steps=body.max_steps,
                    window=body.window, reuse=reuse, policy=body.policy, scorer=body.scorer,
                    stop_at_eos=not body.ignore_eos, mode="auto" if body.mode == "auto" else "exact")
+    if body.logit_bias:
+        try:
+            opts.logit_bias = {int(k): v for k, v in body.logit_bias.items()}
+        except ValueError:
+            raise APIError(400, "logit_bias keys must be token ids", "logit_bias") from None
+        _check_ids(opts.logit_bias, model.config.vocab_size, "logit_bias")
     try:
         opts.validate()  # the rules run and the Python API go through (the schema checks types and ranges it knows)
     except ValueError as e:

@@ -59,6 +59,8 @@ HOSTILE_RUN = [
     ["--kv-type", "bogus"], ["--prefetch", "bogus"], ["--threads", "0"], ["--threads", "-2"],
     ["--threads", "100000"], ["--threads", "x"], ["--window", "2", "--max-steps", "3"], ["--bogus"],
     ["-m", "/nonexistent.gguf"], ["-m", "/dev/null"], ["-m", "/"], ["-m", "/etc/passwd"],
+    ["--logit-bias", "x=1"], ["--logit-bias", "5"], ["--logit-bias", "5=101"], ["--logit-bias", "5=nan"],
+    ["--logit-bias", "5=1e999"], ["--logit-bias", "99999999=1"], ["--logit-bias", "-3=1"],
 ]
 
 

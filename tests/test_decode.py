@@ -515,3 +515,40 @@ def test_logprobs_are_the_models(tmp_path):
         assert top[0] == (toks[j], lp)  # greedy: the chosen token is the most likely
     with pytest.raises(ValueError, match="logprobs"):
         Options(logprobs=21).validate()
+
+
+def test_logit_bias(tmp_path):
+    """Options.logit_bias on an autoregressive model: each chosen token is the argmax of the forward's
+    logits plus the bias (so a -100 token never comes, a +100 one always does), and the log-probabilities
+    are those of the biased logits; bad biases are refused."""
+    import qwen_fixtures
+
+    class F:
+        def mktemp(self, name):
+            d = tmp_path / name
+            d.mkdir()
+            return d
+
+    m = clover_cpu.load(qwen_fixtures.converted_model(F(), chat_template=None), threads=1)
+    prompt = list(np.random.default_rng(4).integers(5, 500, 12))
+    plain = m.generate_text(prompt, max_new_tokens=6, stop_at_eos=False)["token_ids"]
+    bias = {plain[0]: -100.0, plain[2]: -100.0, 7: 3.5}
+    toks, lps = [], []
+    for ev in decode(m, prompt, Options(max_new_tokens=6, stop_at_eos=False, logprobs=0, logit_bias=bias)):
+        if ev.kind == "tokens":
+            toks += ev.tokens
+            lps += ev.logprobs
+    logits = m.forward(prompt + toks)[len(prompt) - 1 : -1].astype(np.float64)
+    for t, b in bias.items():
+        logits[:, t] += b
+    assert toks == [int(np.argmax(row)) for row in logits] and plain[0] not in toks and plain[2] not in toks
+    ref = logits - logits.max(axis=1, keepdims=True)
+    ref -= np.log(np.exp(ref).sum(axis=1, keepdims=True))
+    assert all(abs(lp - ref[j, toks[j]]) < 1e-4 for j, (lp, _) in enumerate(lps))
+    assert m.generate_text(prompt, max_new_tokens=5, logit_bias={9: 100})["token_ids"] == [9] * 5
+    for bad, msg in (({-1: 1.0}, "integers >= 0"), ({"5": 1.0}, "integers"), ({5: 101}, "from -100 to 100"),
+                     ({5: float("nan")}, "from -100 to 100"), ({i: 1.0 for i in range(1025)}, "at most 1024")):
+        with pytest.raises(ValueError, match=msg):
+            Options(logit_bias=bad).validate()
+    with pytest.raises(ValueError, match="below the vocabulary size"):
+        m.generate_text(prompt, max_new_tokens=2, logit_bias={m.config.vocab_size: 1.0})

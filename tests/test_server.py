@@ -126,6 +126,28 @@ def test_completion_equals_generate_text(server, model):
         assert extra["forwards"] >= 1 and extra["tokens_per_forward"] > 0
 
 
+def test_logit_bias(server, model):
+    """OpenAI's logit_bias: -100 keeps a token out of the reply, +100 makes every position that token; the
+    replies equal the Python API's with the same bias, and a zero bias changes nothing."""
+    c = server.client()
+    p = PROMPTS[0]
+    plain = model.generate_text(p, max_new_tokens=12, stop_at_eos=False)["token_ids"]
+    banned = {plain[0]: -100, plain[1]: -100}
+    want = model.generate_text(p, max_new_tokens=12, stop_at_eos=False, logit_bias=banned)["token_ids"]
+    assert not set(want) & set(banned) and want != plain
+    r = c.completions.create(model="clover-small", prompt=p, max_tokens=12, temperature=0, logprobs=0,
+                             logit_bias={str(t): b for t, b in banned.items()}, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == model.detokenize(want)
+    assert all(lp <= 0 for lp in r.choices[0].logprobs.token_logprobs)
+    forced = plain[3]
+    r = c.completions.create(model="clover-small", prompt=p, max_tokens=8, temperature=0.7, seed=3,
+                             logit_bias={str(forced): 100}, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == model.detokenize([forced] * 8)
+    r = c.completions.create(model="clover-small", prompt=p, max_tokens=12, temperature=0,
+                             logit_bias={str(plain[0]): 0}, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == model.detokenize(plain)
+
+
 def test_prompt_cache_in_usage_and_metrics(server, model):
     # the same long prompt twice: the second request starts from the first one's checkpoint, a few tokens
     # before the prompt's end (blocks of 8), and says so in usage.prompt_tokens_details; the reply is the same
@@ -288,6 +310,10 @@ BAD = [
      "max_tokens"),
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(), "application/json",
      "messages"),
+    *[(json.dumps({"messages": [{"role": "user", "content": "x"}], "logit_bias": bias}).encode(), "application/json",
+       param) for bias, param in (({"abc": 1}, "logit_bias"), ({"5": 101}, "logit_bias"), ({"-1": 1}, "logit_bias"),
+                                  ({"99999999": 1}, "logit_bias"), ({"5": "x"}, None), ({"5": -1e999}, "logit_bias"),
+                                  ([[5, 1]], None))],
 ]
 
 

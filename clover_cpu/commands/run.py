@@ -54,6 +54,9 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (repeatable runs)")
+    p.add_argument("--logit-bias", metavar="ID=BIAS", action="append", default=[],
+                   help="add BIAS (-100 to 100) to token ID's logits wherever a token is chosen: -100 keeps the "
+                        "token out, 100 all but forces it (repeatable; --json shows a reply's token ids)")
     p.add_argument("--threshold", type=float, default=None,
                    help="confidence needed to commit a position, in (0, 1] (default: the file's own, "
                    "clover.diffusion.threshold: 0.9 in the shipped model; `clover-cpu info FILE` shows it). Clover "
@@ -122,6 +125,8 @@ def options(args) -> dict:
                 seed=args.seed, threshold=args.threshold, block_length=args.block_length, max_steps=args.max_steps,
                 policy=args.policy, scorer=args.scorer, stop_at_eos=not args.ignore_eos, window=args.window,
                 reuse=args.reuse, mode=args.mode)
+    if args.logit_bias:
+        opts["logit_bias"] = dict(_bias_arg(a) for a in args.logit_bias)
     try:
         Options(**opts).validate()
     except ValueError as e:
@@ -129,7 +134,16 @@ def options(args) -> dict:
     return opts
 
 
-_OPTION_NAME = re.compile(r"\b(max_new_tokens|seed|temperature|top_k|top_p|threshold|block_length|max_steps|window|reuse|mode|policy)\b")
+def _bias_arg(text: str) -> tuple[int, float]:
+    """--logit-bias ID=BIAS (llama.cpp's ID+BIAS / ID-BIAS too)."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:=\s*([+-]?[\d.]+(?:[eE][+-]?\d+)?)|([+-][\d.]+(?:[eE][+-]?\d+)?))\s*", text)
+    try:
+        return int(m.group(1)), float(m.group(2) or m.group(3))
+    except (AttributeError, ValueError):
+        raise ValueError(f"--logit-bias {text!r}: give TOKEN_ID=BIAS, e.g. --logit-bias 42=-100") from None
+
+
+_OPTION_NAME = re.compile(r"\b(logit_bias|max_new_tokens|seed|temperature|top_k|top_p|threshold|block_length|max_steps|window|reuse|mode|policy)\b")
 
 
 class Streamer:
