@@ -211,6 +211,10 @@ class Options:
     # token id -> a number added to that token's logits wherever a token is chosen (OpenAI's logit_bias:
     # -100 keeps a token out, +100 all but forces it); the confidence and log-probabilities follow it
     logit_bias: dict | None = None
+    # OpenAI's penalties, from -2 to 2: subtracted from a token's logits once if it is among the reply's
+    # tokens decided so far (presence), and once per time it is (frequency); the prompt does not count
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def validate(self) -> None:
         if self.max_new_tokens < 0:
@@ -244,6 +248,10 @@ class Options:
             raise ValueError(f"unknown scorer {self.scorer!r} (choose from {', '.join(SCORERS)})")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not -2 <= v <= 2:
+                raise ValueError(f"{name} must be a number from -2 to 2")
         if self.logit_bias:
             if len(self.logit_bias) > MAX_LOGIT_BIAS:
                 raise ValueError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens")
@@ -397,6 +405,8 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
         if max(opts.logit_bias) >= c.vocab_size:
             raise ValueError(f"logit_bias token ids must be below the vocabulary size, {c.vocab_size}")
         bias = (np.fromiter(opts.logit_bias, np.int64), np.fromiter(opts.logit_bias.values(), np.float32))
+    # the reply's decided tokens, counted (presence / frequency penalties)
+    counts = np.zeros(c.vocab_size, np.float32) if opts.presence_penalty or opts.frequency_penalty else None
     prompt = [int(t) for t in prompt_ids]
     if not c.is_diffusion and not shift:
         raise ValueError("an autoregressive file needs shifted logits")
@@ -536,9 +546,12 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
                 end = cands[-1] + (0 if shift else 1) if w else B
                 rows = yield from predict(span[: max(1, end)], False, cands)
                 stats.forwards += 1
-            if bias is not None:
+            if bias is not None or counts is not None:
                 rows = rows.copy()  # (a fused commit's pending rows, `carry`: not changed in place)
+            if bias is not None:
                 rows[:, bias[0]] += bias[1]
+            if counts is not None:
+                rows -= opts.presence_penalty * (counts > 0) + opts.frequency_penalty * counts
             p = probabilities(rows, opts.temperature, opts.top_k, opts.top_p)
             cand = choose(p, opts.temperature, rng)
             conf = confidence(p, cand, opts.scorer)
@@ -550,6 +563,8 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
                 pick = np.arange(len(undecided))  # out of steps: commit every remaining candidate
             for j in pick:
                 span[cands[j]] = int(cand[j])
+                if counts is not None:
+                    counts[cand[j]] += 1
                 if opts.logprobs is not None:
                     lps[cands[j]] = log_probs(rows[j], int(cand[j]), opts.logprobs)
             picked = {cands[j] for j in pick.tolist()}

@@ -463,9 +463,6 @@ def _model_meta(model) -> dict:
 def _check_common(body: Sampling) -> None:
     if body.n not in (None, 1):
         raise APIError(400, "n must be 1 (one choice per request)", "n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name) not in (None, 0, 0.0):
-            raise APIError(400, f"{name} is not supported", name)
     stops = _stops(body.stop)
     if len(stops) > 16 or any(len(s) > 256 or not s for s in stops):
         raise APIError(400, "stop: at most 16 non-empty strings of at most 256 characters", "stop")
@@ -518,7 +515,8 @@ def _options(body: Sampling, max_new: int, model, n_prompt: int) -> Options:
                    top_k=body.top_k, top_p=body.top_p if body.top_p is not None else 1.0, seed=body.seed,
                    threshold=body.threshold, block_length=body.block_length, max_steps=body.max_steps,
                    window=body.window, reuse=reuse, policy=body.policy, scorer=body.scorer,
-                   stop_at_eos=not body.ignore_eos, mode="auto" if body.mode == "auto" else "exact")
+                   stop_at_eos=not body.ignore_eos, mode="auto" if body.mode == "auto" else "exact",
+                   presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0)
     if body.logit_bias:
         try:
             opts.logit_bias = {int(k): v for k, v in body.logit_bias.items()}

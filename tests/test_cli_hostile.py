@@ -61,6 +61,7 @@ HOSTILE_RUN = [
     ["-m", "/nonexistent.gguf"], ["-m", "/dev/null"], ["-m", "/"], ["-m", "/etc/passwd"],
     ["--logit-bias", "x=1"], ["--logit-bias", "5"], ["--logit-bias", "5=101"], ["--logit-bias", "5=nan"],
     ["--logit-bias", "5=1e999"], ["--logit-bias", "99999999=1"], ["--logit-bias", "-3=1"],
+    ["--presence-penalty", "3"], ["--presence-penalty", "nan"], ["--frequency-penalty", "-2.5"],
 ]
 
 

@@ -552,3 +552,36 @@ def test_logit_bias(tmp_path):
             Options(logit_bias=bad).validate()
     with pytest.raises(ValueError, match="below the vocabulary size"):
         m.generate_text(prompt, max_new_tokens=2, logit_bias={m.config.vocab_size: 1.0})
+
+
+def test_presence_and_frequency_penalties(tmp_path):
+    """OpenAI's penalties on an autoregressive model: each chosen token is the argmax of the forward's logits
+    less presence x (the reply has the token) and frequency x (times it has it), the prompt not counted. (A
+    random model seldom repeats a token, so a logit bias of 12 on one token makes it repeat until the
+    frequency penalty wears its lead down.)"""
+    import qwen_fixtures
+
+    class F:
+        def mktemp(self, name):
+            d = tmp_path / name
+            d.mkdir()
+            return d
+
+    m = clover_cpu.load(qwen_fixtures.converted_model(F(), chat_template=None), threads=1)
+    prompt = list(np.random.default_rng(5).integers(5, 500, 12))
+    bias = {1234: 12.0}
+    got = {}
+    for pres, freq in ((0.0, 0.0), (2.0, 0.0), (0.0, 2.0), (-1.0, 0.5)):
+        toks = m.generate_text(prompt, max_new_tokens=16, stop_at_eos=False, presence_penalty=pres,
+                               frequency_penalty=freq, logit_bias=bias)["token_ids"]
+        logits = m.forward(prompt + toks)[len(prompt) - 1 : -1].astype(np.float64)
+        logits[:, 1234] += 12.0
+        counts = np.zeros(logits.shape[1])
+        for j, t in enumerate(toks):
+            assert t == int(np.argmax(logits[j] - pres * (counts > 0) - freq * counts)), (pres, freq, j)
+            counts[t] += 1
+        got[pres, freq] = toks
+    assert got[0.0, 0.0] == [1234] * 16 and 1 < got[0.0, 2.0].count(1234) < 16
+    for bad in ({"presence_penalty": 2.5}, {"frequency_penalty": float("nan")}, {"presence_penalty": "1"}):
+        with pytest.raises(ValueError, match="from -2 to 2"):
+            Options(**bad).validate()

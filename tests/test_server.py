@@ -148,6 +148,18 @@ def test_logit_bias(server, model):
     assert r.choices[0].text == model.detokenize(plain)
 
 
+def test_presence_and_frequency_penalties(server, model):
+    c = server.client()
+    p = PROMPTS[1]
+    plain = model.generate_text(p, max_new_tokens=16, stop_at_eos=False)["token_ids"]
+    for kw in ({"presence_penalty": 2.0}, {"frequency_penalty": 1.0}):
+        want = model.generate_text(p, max_new_tokens=16, stop_at_eos=False, **kw)["token_ids"]
+        assert want != plain
+        r = c.completions.create(model="clover-small", prompt=p, max_tokens=16, temperature=0,
+                                 extra_body={"ignore_eos": True}, **kw)
+        assert r.choices[0].text == model.detokenize(want)
+
+
 def test_prompt_cache_in_usage_and_metrics(server, model):
     # the same long prompt twice: the second request starts from the first one's checkpoint, a few tokens
     # before the prompt's end (blocks of 8), and says so in usage.prompt_tokens_details; the reply is the same
@@ -314,6 +326,8 @@ BAD = [
        param) for bias, param in (({"abc": 1}, "logit_bias"), ({"5": 101}, "logit_bias"), ({"-1": 1}, "logit_bias"),
                                   ({"99999999": 1}, "logit_bias"), ({"5": "x"}, None), ({"5": -1e999}, "logit_bias"),
                                   ([[5, 1]], None))],
+    *[(json.dumps({"messages": [{"role": "user", "content": "x"}], name: v}).encode(), "application/json", name)
+      for name in ("presence_penalty", "frequency_penalty") for v in (2.5, -3)],
 ]
 
 

@@ -54,6 +54,10 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (repeatable runs)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract this (-2 to 2) from the logits of every token the reply already has (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this (-2 to 2) from a token's logits once per time the reply has it (default 0)")
     p.add_argument("--logit-bias", metavar="ID=BIAS", action="append", default=[],
                    help="add BIAS (-100 to 100) to token ID's logits wherever a token is chosen: -100 keeps the "
                         "token out, 100 all but forces it (repeatable; --json shows a reply's token ids)")
@@ -124,7 +128,8 @@ def options(args) -> dict:
     opts = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 seed=args.seed, threshold=args.threshold, block_length=args.block_length, max_steps=args.max_steps,
                 policy=args.policy, scorer=args.scorer, stop_at_eos=not args.ignore_eos, window=args.window,
-                reuse=args.reuse, mode=args.mode)
+                reuse=args.reuse, mode=args.mode, presence_penalty=args.presence_penalty,
+                frequency_penalty=args.frequency_penalty)
     if args.logit_bias:
         opts["logit_bias"] = dict(_bias_arg(a) for a in args.logit_bias)
     try:
@@ -143,7 +148,7 @@ def _bias_arg(text: str) -> tuple[int, float]:
         raise ValueError(f"--logit-bias {text!r}: give TOKEN_ID=BIAS, e.g. --logit-bias 42=-100") from None
 
 
-_OPTION_NAME = re.compile(r"\b(logit_bias|max_new_tokens|seed|temperature|top_k|top_p|threshold|block_length|max_steps|window|reuse|mode|policy)\b")
+_OPTION_NAME = re.compile(r"\b(presence_penalty|frequency_penalty|logit_bias|max_new_tokens|seed|temperature|top_k|top_p|threshold|block_length|max_steps|window|reuse|mode|policy)\b")
 
 
 class Streamer:
