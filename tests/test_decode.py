@@ -487,18 +487,18 @@ def test_auto_bad_options_and_autoregressive_files(clover, clover_shift):
         collect(clover_shift, [1, 2, 3], Options(**o))[0]
 
 
-def test_logprobs_are_the_models(tmp_path):
-    """Options.logprobs: each new token's log-probability and the most likely alternatives, from the logits
-    of the step that decided it: for an autoregressive model, log-softmax of the full forward's logits."""
+@pytest.fixture(scope="module")
+def qwen_ar(tmp_path_factory):
+    """A tiny random Qwen3.5-MoE (autoregressive) with the Qwen vocabulary."""
     import qwen_fixtures
 
-    class F:
-        def mktemp(self, name):
-            d = tmp_path / name
-            d.mkdir()
-            return d
+    return clover_cpu.load(qwen_fixtures.converted_model(tmp_path_factory, chat_template=None), threads=1)
 
-    m = clover_cpu.load(qwen_fixtures.converted_model(F(), chat_template=None), threads=1)
+
+def test_logprobs_are_the_models(qwen_ar):
+    """Options.logprobs: each new token's log-probability and the most likely alternatives, from the logits
+    of the step that decided it: for an autoregressive model, log-softmax of the full forward's logits."""
+    m = qwen_ar
     prompt = list(np.random.default_rng(3).integers(5, 500, 12))
     toks, lps = [], []
     for ev in decode(m, prompt, Options(max_new_tokens=6, stop_at_eos=False, logprobs=4)):
@@ -517,19 +517,11 @@ def test_logprobs_are_the_models(tmp_path):
         Options(logprobs=21).validate()
 
 
-def test_logit_bias(tmp_path):
+def test_logit_bias(qwen_ar):
     """Options.logit_bias on an autoregressive model: each chosen token is the argmax of the forward's
     logits plus the bias (so a -100 token never comes, a +100 one always does), and the log-probabilities
     are those of the biased logits; bad biases are refused."""
-    import qwen_fixtures
-
-    class F:
-        def mktemp(self, name):
-            d = tmp_path / name
-            d.mkdir()
-            return d
-
-    m = clover_cpu.load(qwen_fixtures.converted_model(F(), chat_template=None), threads=1)
+    m = qwen_ar
     prompt = list(np.random.default_rng(4).integers(5, 500, 12))
     plain = m.generate_text(prompt, max_new_tokens=6, stop_at_eos=False)["token_ids"]
     bias = {plain[0]: -100.0, plain[2]: -100.0, 7: 3.5}
@@ -554,20 +546,12 @@ def test_logit_bias(tmp_path):
         m.generate_text(prompt, max_new_tokens=2, logit_bias={m.config.vocab_size: 1.0})
 
 
-def test_presence_and_frequency_penalties(tmp_path):
+def test_presence_and_frequency_penalties(qwen_ar):
     """OpenAI's penalties on an autoregressive model: each chosen token is the argmax of the forward's logits
     less presence x (the reply has the token) and frequency x (times it has it), the prompt not counted. (A
     random model seldom repeats a token, so a logit bias of 12 on one token makes it repeat until the
     frequency penalty wears its lead down.)"""
-    import qwen_fixtures
-
-    class F:
-        def mktemp(self, name):
-            d = tmp_path / name
-            d.mkdir()
-            return d
-
-    m = clover_cpu.load(qwen_fixtures.converted_model(F(), chat_template=None), threads=1)
+    m = qwen_ar
     prompt = list(np.random.default_rng(5).integers(5, 500, 12))
     bias = {1234: 12.0}
     got = {}
