@@ -209,10 +209,12 @@ class Options:
     # that decided it, temperature 1), and the k most likely tokens there with theirs (Event.logprobs)
     logprobs: int | None = None
     # token id -> a number added to that token's logits wherever a token is chosen (OpenAI's logit_bias:
-    # -100 keeps a token out, +100 all but forces it); the confidence and log-probabilities follow it
+    # -100 keeps a token out, +100 all but forces it); the choice and its confidence follow it, the
+    # log-probabilities stay the model's (as llama-server and vLLM report them)
     logit_bias: dict | None = None
     # OpenAI's penalties, from -2 to 2: subtracted from a token's logits once if it is among the reply's
-    # tokens decided so far (presence), and once per time it is (frequency); the prompt does not count
+    # tokens decided so far (presence), and once per time it is (frequency); the prompt does not count (as
+    # in vLLM; llama-server counts the last 64 tokens, the prompt's included)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
 
@@ -356,7 +358,7 @@ def first_user_turn(model, prompt: list[int], context: int) -> int:
     conversation's next turn, whose first user message the context holds)."""
     if context or len(prompt) < MARK_MIN:
         return 0  # (and the template is not rendered for a short prompt)
-    opener = getattr(model, "user_turn_ids", None)
+    opener = model.user_turn_ids
     if not opener or len(prompt) < len(opener):
         return 0
     ids = np.asarray(prompt, dtype=np.int64)
@@ -405,8 +407,9 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
         if max(opts.logit_bias) >= c.vocab_size:
             raise ValueError(f"logit_bias token ids must be below the vocabulary size, {c.vocab_size}")
         bias = (np.fromiter(opts.logit_bias, np.int64), np.fromiter(opts.logit_bias.values(), np.float32))
-    # the reply's decided tokens, counted (presence / frequency penalties)
-    counts = np.zeros(c.vocab_size, np.float32) if opts.presence_penalty or opts.frequency_penalty else None
+    # presence / frequency penalties: what each token's logits lose, grown as the reply decides tokens
+    penalty = np.zeros(c.vocab_size, np.float32) if opts.presence_penalty or opts.frequency_penalty else None
+    decided: set[int] = set()
     prompt = [int(t) for t in prompt_ids]
     if not c.is_diffusion and not shift:
         raise ValueError("an autoregressive file needs shifted logits")
@@ -546,12 +549,13 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
                 end = cands[-1] + (0 if shift else 1) if w else B
                 rows = yield from predict(span[: max(1, end)], False, cands)
                 stats.forwards += 1
-            if bias is not None or counts is not None:
+            raw = rows  # the model's logits (the log-probabilities are reported from them)
+            if bias is not None or penalty is not None:
                 rows = rows.copy()  # (a fused commit's pending rows, `carry`: not changed in place)
             if bias is not None:
                 rows[:, bias[0]] += bias[1]
-            if counts is not None:
-                rows -= opts.presence_penalty * (counts > 0) + opts.frequency_penalty * counts
+            if penalty is not None:
+                rows -= penalty
             p = probabilities(rows, opts.temperature, opts.top_k, opts.top_p)
             cand = choose(p, opts.temperature, rng)
             conf = confidence(p, cand, opts.scorer)
@@ -562,11 +566,13 @@ def decode_steps(model, prompt_ids, opts: Options, cache=None, *, mark: bool = F
             if step == max_steps - 1 and not w:
                 pick = np.arange(len(undecided))  # out of steps: commit every remaining candidate
             for j in pick:
-                span[cands[j]] = int(cand[j])
-                if counts is not None:
-                    counts[cand[j]] += 1
+                t = int(cand[j])
+                span[cands[j]] = t
+                if penalty is not None:
+                    penalty[t] += opts.frequency_penalty + (0.0 if t in decided else opts.presence_penalty)
+                    decided.add(t)
                 if opts.logprobs is not None:
-                    lps[cands[j]] = log_probs(rows[j], int(cand[j]), opts.logprobs)
+                    lps[cands[j]] = log_probs(raw[j], t, opts.logprobs)
             picked = {cands[j] for j in pick.tolist()}
             undecided = [u for u in undecided if u not in picked]
             step += 1

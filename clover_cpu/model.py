@@ -156,7 +156,7 @@ class Cache:
         if self.n in self.marks:  # (the same tokens: the same states)
             return
         if len(self.marks) >= MAX_MARKS:
-            self.spare.append(self.marks.pop(sorted(self.marks)[1] if MAX_MARKS > 1 else min(self.marks)))
+            self.spare.append(self.marks.pop(sorted(self.marks)[1]))  # (MAX_MARKS >= 2: the first stays)
         ssm, conv = self.spare.pop() if self.spare else ({}, {})
         _copy_states(self.ssm, ssm)
         _copy_states(self.conv, conv)

@@ -392,8 +392,7 @@ def create_app(settings: Settings) -> FastAPI:
         prompt_ids, prompt_text = await run_in_threadpool(_render, model, state.template, messages, tools, kwargs)
         max_new = _max_tokens(body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
                               settings)
-        opts = _options(body, max_new, model, len(prompt_ids))
-        opts.logprobs = _logprobs_k(body, chat=True)
+        opts = _options(body, max_new, model, len(prompt_ids), chat=True)
         from .chat import opens_thinking
 
         thinking = model.has_thinking_tokens() and opens_thinking(prompt_text[-200:])
@@ -425,8 +424,7 @@ def create_app(settings: Settings) -> FastAPI:
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", "prompt")
         max_new = _max_tokens(body.max_tokens, settings, default=16)
-        opts = _options(body, max_new, model, len(prompt_ids))
-        opts.logprobs = _logprobs_k(body, chat=False)
+        opts = _options(body, max_new, model, len(prompt_ids), chat=False)
         reply = _Reply(model, stops=_stops(body.stop), thinking=False, tools=None, reasoning=False)
         return await _respond(state, engine, request, body, prompt_ids, opts, reply, chat=False)
 
@@ -509,14 +507,15 @@ def _max_tokens(value, settings: Settings, default: int | None = None) -> int:
     return n
 
 
-def _options(body: Sampling, max_new: int, model, n_prompt: int) -> Options:
+def _options(body: Sampling, max_new: int, model, n_prompt: int, chat: bool) -> Options:
     reuse = body.reuse or body.mode == "reuse"
     opts = Options(max_new_tokens=max_new, temperature=body.temperature if body.temperature is not None else 0.0,
                    top_k=body.top_k, top_p=body.top_p if body.top_p is not None else 1.0, seed=body.seed,
                    threshold=body.threshold, block_length=body.block_length, max_steps=body.max_steps,
                    window=body.window, reuse=reuse, policy=body.policy, scorer=body.scorer,
                    stop_at_eos=not body.ignore_eos, mode="auto" if body.mode == "auto" else "exact",
-                   presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0)
+                   presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
+                   logprobs=_logprobs_k(body, chat))
     if body.logit_bias:
         try:
             opts.logit_bias = {int(k): v for k, v in body.logit_bias.items()}

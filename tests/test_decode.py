@@ -519,8 +519,8 @@ def test_logprobs_are_the_models(qwen_ar):
 
 def test_logit_bias(qwen_ar):
     """Options.logit_bias on an autoregressive model: each chosen token is the argmax of the forward's
-    logits plus the bias (so a -100 token never comes, a +100 one always does), and the log-probabilities
-    are those of the biased logits; bad biases are refused."""
+    logits plus the bias (so a -100 token never comes, a +100 one always does), while the log-probabilities
+    stay those of the model's own logits (as llama-server reports them); bad biases are refused."""
     m = qwen_ar
     prompt = list(np.random.default_rng(4).integers(5, 500, 12))
     plain = m.generate_text(prompt, max_new_tokens=6, stop_at_eos=False)["token_ids"]
@@ -531,9 +531,10 @@ def test_logit_bias(qwen_ar):
             toks += ev.tokens
             lps += ev.logprobs
     logits = m.forward(prompt + toks)[len(prompt) - 1 : -1].astype(np.float64)
+    biased = logits.copy()
     for t, b in bias.items():
-        logits[:, t] += b
-    assert toks == [int(np.argmax(row)) for row in logits] and plain[0] not in toks and plain[2] not in toks
+        biased[:, t] += b
+    assert toks == [int(np.argmax(row)) for row in biased] and plain[0] not in toks and plain[2] not in toks
     ref = logits - logits.max(axis=1, keepdims=True)
     ref -= np.log(np.exp(ref).sum(axis=1, keepdims=True))
     assert all(abs(lp - ref[j, toks[j]]) < 1e-4 for j, (lp, _) in enumerate(lps))
