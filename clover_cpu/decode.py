@@ -210,7 +210,7 @@ class Options:
     logprobs: int | None = None
     # token id -> a number added to that token's logits wherever a token is chosen (OpenAI's logit_bias:
     # -100 keeps a token out, +100 all but forces it); the choice and its confidence follow it, the
-    # log-probabilities stay the model's (as llama-server and vLLM report them)
+    # log-probabilities stay the model's (as llama-server b11434 reports them)
     logit_bias: dict | None = None
     # OpenAI's penalties, from -2 to 2: subtracted from a token's logits once if it is among the reply's
     # tokens decided so far (presence), and once per time it is (frequency); the prompt does not count (as
