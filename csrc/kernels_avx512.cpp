@@ -1269,13 +1269,203 @@ void use_lanes_vnni(gemm_fn& entry) {
     entry = LowLanesVnni<Low, FROM>::gemm;
 }
 
+// ---- q5_K, many tokens: each thread's 16-row groups expanded once per call to codes as bytes ----
+// The file-layout tile (KindQ45K<true>) unpacks a row's nibbles and fifth bits per group of 12 tokens and folds
+// each token pair's sub-block lanes before its float work: ~2 ns per super-block row and token at 64 tokens
+// in cache against 1.4 for the 4-bit code tiles below (kbench, Zen 4). Repacking q5_K at load lost at one
+// token (bench/NOTES.md, 2026-12-06), so for a product over many tokens (a prefill, the experts of a long
+// prompt) each thread expands its rows here, 16 at a time: every weight as a byte 0..31, laid out as the r16
+// tiles read them (4 weights of 16 rows per 64-byte vector), the scales and the mins' pairs as bytes per
+// row, d and dmin as floats (4480 bytes per super-block of 16 rows; a 2048-wide panel is 35 KB and stays
+// in L2 while every token group reads it). Per group of 32 weights and token: 8 vpdpbusd against the
+// token's 4 activations broadcast, one vpmulld by the rows' scales; the mins by 4 vpdpwssd per super-block
+// against the tokens' sub-block sums; all of it exact in int32 (at most 8 x 63 x 32 x 31 x 127 per
+// super-block), then d x d_x and dmin x d_x in float once per super-block.
+struct alignas(64) Q5Bytes16 {
+    uint8_t q[8][8][16][4];  // [sub-block j][word t][row][i]: the row's weight 32 j + 4 t + i, 0..31
+    uint8_t sc[8][16];       // [sub-block][row]
+    uint8_t mn[4][16][2];    // [chunk c][row][the mins of sub-blocks 2c, 2c + 1]
+    float d[16], dmin[16];
+};
+static_assert(sizeof(Q5Bytes16) == 4480, "Q5Bytes16 is 4480 bytes");
+
+// Rows r (low 256 bits) and r + 8 (high) of a 16-row group: 8 such vectors (r = 0..7), each the two rows'
+// 8 words of one sub-block, to 8 vectors of one word of all 16 rows (dst[t], rows in dword order): the
+// 8 x 8 dword transpose within each 256-bit half.
+inline void transpose_words(const __m512i* z, __m512i* dst) {
+    __m512i t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    // u[k] (k < 4), 128-bit lane L: rows 0-3 (L = 0, 1) or 8-11 (L = 2, 3) of word k + 4 (L % 2); u[4 + k]: rows 4-7 / 12-15
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int k = 0; k < 4; k++) {
+        dst[k] = _mm512_permutex2var_epi64(u[k], lo, u[4 + k]);
+        dst[4 + k] = _mm512_permutex2var_epi64(u[k], hi, u[4 + k]);
+    }
+}
+
+// Super-block s of the 16 rows at rows[0 .. 15] (block_q5_K arrays) into out.
+inline void expand_q5k16(const uint8_t* const* rows, int64_t s, Q5Bytes16& out) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+    __m512i qh[8];
+    const block_q5_K* row[16];
+    for (int r = 0; r < 16; r++) row[r] = (const block_q5_K*)rows[r] + s;
+    for (int r = 0; r < 8; r++)
+        qh[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)row[r]->qh)),
+                                   _mm256_loadu_si256((const __m256i*)row[r + 8]->qh), 1);
+    for (int c = 0; c < 4; c++) {
+        __m512i zl[8], zh[8];
+        for (int r = 0; r < 8; r++) {
+            const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(row[r]->qs + 32 * c))),
+                                                 _mm256_loadu_si256((const __m256i*)(row[r + 8]->qs + 32 * c)), 1);
+            // bit j of each qh byte to bit 4 (j = 2c, 2c + 1), within bytes: the 16-bit shifts' spill is masked off
+            const int j0 = 2 * c, j1 = 2 * c + 1;
+            const __m512i h0 = j0 <= 4 ? _mm512_slli_epi16(qh[r], 4 - j0) : _mm512_srli_epi16(qh[r], j0 - 4);
+            const __m512i h1 = j1 <= 4 ? _mm512_slli_epi16(qh[r], 4 - j1) : _mm512_srli_epi16(qh[r], j1 - 4);
+            zl[r] = _mm512_ternarylogic_epi32(_mm512_and_si512(q, lo4), h0, bit4, 0xf8);  // a | (b & c)
+            zh[r] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(q, 4), lo4), h1, bit4, 0xf8);
+        }
+        __m512i t[8];
+        transpose_words(zl, t);
+        for (int k = 0; k < 8; k++) _mm512_store_si512((void*)out.q[2 * c][k], t[k]);
+        transpose_words(zh, t);
+        for (int k = 0; k < 8; k++) _mm512_store_si512((void*)out.q[2 * c + 1][k], t[k]);
+    }
+    for (int r = 0; r < 16; r++) {
+        alignas(16) uint8_t h[16];  // the 8 scales, then the 8 mins
+        _mm_store_si128((__m128i*)h, k4_header(row[r]->scales));
+        for (int j = 0; j < 8; j++) out.sc[j][r] = h[j];
+        for (int c = 0; c < 4; c++) {
+            out.mn[c][r][0] = h[8 + 2 * c];
+            out.mn[c][r][1] = h[9 + 2 * c];
+        }
+        out.d[r] = half(row[r]->d);
+        out.dmin[r] = half(row[r]->dmin);
+    }
+}
+
+// acc[g] (lane r) += super-block s's share of row r's dot with token g (bsp[g]: the token's sub-block sums as
+// int16 pairs, 4 per super-block).
+template <int G>
+inline void q5bytes_superblock(const Q5Bytes16& p, int64_t s, const block_q8_K* const* xs, const int32_t* const* bsp,
+                               __m512* acc) {
+    __m512i isum[G];
+    for (int g = 0; g < G; g++) isum[g] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        __m512i sj[G];
+        for (int g = 0; g < G; g++) sj[g] = _mm512_setzero_si512();
+        for (int t = 0; t < 8; t++) {
+            const __m512i w = _mm512_load_si512((const void*)p.q[j][t]);
+            for (int g = 0; g < G; g++) {
+                int32_t a;
+                std::memcpy(&a, xs[g][s].qs + 32 * j + 4 * t, 4);
+                sj[g] = _mm512_dpbusd_epi32(sj[g], w, _mm512_set1_epi32(a));
+            }
+        }
+        const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i*)p.sc[j]));
+        for (int g = 0; g < G; g++) isum[g] = _mm512_add_epi32(isum[g], _mm512_mullo_epi32(sj[g], sc));
+    }
+    __m512i mi[G];
+    for (int g = 0; g < G; g++) mi[g] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++) {
+        const __m512i mn = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i*)p.mn[c]));
+        for (int g = 0; g < G; g++) mi[g] = _mm512_dpwssd_epi32(mi[g], mn, _mm512_set1_epi32(bsp[g][4 * s + c]));
+    }
+    const __m512 d = _mm512_load_ps(p.d), dmin = _mm512_load_ps(p.dmin);
+    for (int g = 0; g < G; g++) {
+        const __m512 dx = _mm512_set1_ps(xs[g][s].d);
+        acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g]), _mm512_mul_ps(d, dx), acc[g]);
+        acc[g] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mi[g]), _mm512_mul_ps(dmin, dx), acc[g]);
+    }
+}
+
+// From this many tokens the expansion pays (kbench, one thread, 512 x 2048 in cache, Zen 4: bench/NOTES.md,
+// 2026-12-07 (night)); fewer take the file-layout tiles.
+constexpr int Q5_BYTES_FROM = 16;
+constexpr int Q5_BYTES_G = 8;  // tokens per group (24 accumulators in registers)
+
+// Rows run in the groups of 16 that the matrix's rows fall into (0-15, 16-31, ...); a group that [n0, n1)
+// covers in part is expanded with its other lanes repeating a row of the range and stored masked. So every
+// row is computed the same way wherever its range starts and however the rows are split among threads.
+void gemm_q5k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_t K, int M, float* Y, int64_t ldy,
+              int64_t n0, int64_t n1) {
+    if (M < Q5_BYTES_FROM || n1 <= n0) return gemm_q45k<true>(W, wrb, X, xrb, K, M, Y, ldy, n0, n1);
+    const int64_t nsb = K / QK_K;
+    // (thread-local vectors of this file's own types: tests/test_isa_objects.py)
+    thread_local std::vector<Q5Bytes16> panel;
+    thread_local std::vector<BsumPair> pairs;
+    panel.resize((size_t)nsb);
+    pairs.resize((size_t)M * nsb * 4);
+    int32_t* const bs = &pairs[0].v;
+    for (int m = 0; m < M; m++)  // each token's sub-block sums (2c, 2c + 1) as an int16 pair per chunk c
+        for (int64_t s = 0; s < nsb; s++) {
+            const block_q8_K& x = ((const block_q8_K*)(X + m * xrb))[s];
+            for (int c = 0; c < 4; c++) {
+                const uint16_t a = (uint16_t)(x.bsums[4 * c] + x.bsums[4 * c + 1]);
+                const uint16_t b = (uint16_t)(x.bsums[4 * c + 2] + x.bsums[4 * c + 3]);
+                bs[((size_t)m * nsb + s) * 4 + c] = (int32_t)((uint32_t)a | ((uint32_t)b << 16));
+            }
+        }
+    const int n_groups = (M + Q5_BYTES_G - 1) / Q5_BYTES_G;
+    // the 16 rows of group g16 within [n0, n1) (the lanes outside repeat its first or last row)
+    auto group_rows = [&](int64_t g16, const uint8_t** rows) {
+        const int64_t lo = std::max(n0, 16 * g16), hi = std::min(n1, 16 * g16 + 16);
+        for (int r = 0; r < 16; r++) rows[r] = W + (size_t)std::clamp(16 * g16 + r, lo, hi - 1) * wrb;
+    };
+    const uint8_t* next[16];
+    group_rows(n0 / 16, next);
+    for (int64_t g16 = n0 / 16; 16 * g16 < n1; g16++) {
+        const int64_t lo = std::max(n0, 16 * g16), hi = std::min(n1, 16 * g16 + 16);
+        const __mmask16 keep = (__mmask16)(((1u << (hi - lo)) - 1) << (lo - 16 * g16));
+        const uint8_t* rows[16];
+        std::copy(next, next + 16, rows);
+        const bool more = 16 * (g16 + 1) < n1;
+        if (more) group_rows(g16 + 1, next);
+        for (int64_t s = 0; s < nsb; s++) expand_q5k16(rows, s, panel[s]);
+        for (int tg = 0; tg < n_groups; tg++) {  // groups of equal size
+            const int i0 = tg * M / n_groups, i1 = (tg + 1) * M / n_groups;
+            const block_q8_K* xs[Q5_BYTES_G];
+            const int32_t* bp[Q5_BYTES_G];
+            for (int i = i0; i < i1; i++) {
+                xs[i - i0] = (const block_q8_K*)(X + i * xrb);
+                bp[i - i0] = bs + (size_t)i * nsb * 4;
+            }
+            with_tokens<Q5_BYTES_G>(i1 - i0, [&](auto gc) {
+                constexpr int G = decltype(gc)::value;
+                __m512 acc[G];
+                for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
+                for (int64_t s = 0; s < nsb; s++) {
+                    // the next group's super-block s to L2 while the first token group reads this one's: 16
+                    // rows are 16 streams, too many for the hardware prefetcher (from memory, 16 tokens ran
+                    // at 2.9 ns per super-block row and token without this, 2.3 on the file's layout)
+                    if (more && tg == 0)
+                        for (int r = 0; r < 16; r++) {
+                            const char* b = (const char*)next[r] + s * (int64_t)sizeof(block_q5_K);
+                            for (int off : {0, 64, 128, (int)sizeof(block_q5_K) - 1}) _mm_prefetch(b + off, _MM_HINT_T1);
+                        }
+                    q5bytes_superblock<G>(panel[s], s, xs, bp, acc);
+                }
+                for (int g = 0; g < G; g++) _mm512_mask_storeu_ps(Y + (i0 + g) * ldy + 16 * g16, keep, acc[g]);
+            });
+        }
+    }
+}
+
 Kernels make_table() {
     Kernels k = *kernels_avx2();
     k.isa = "avx512";  // (family stays "avx2": the model operators and the rest of the table are AVX2's)
     // One token: one weight row per tile (on this project's AMD EPYC VM a single-row tile streamed
     // Q6_K weights at 34-35 GB/s against 14-19 with 2 or 4 rows); two or more: the lane-layout tiles.
     k.gemm_q4_K = gemm_q45k<false>;
-    k.gemm_q5_K = gemm_q45k<true>;
+    k.gemm_q5_K = gemm_q5k;
     k.gemm_q6_K = gemm_q6k;
     k.gemm_q4_K_r16 = gemm_r16<TileR16>;
     // (q5_K and q6_K: gemm_q45k and gemm_q6k stream the file's layout; AVX-512 tiles for their repacked layouts

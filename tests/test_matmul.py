@@ -18,6 +18,8 @@ BLOCK = {f: kernels.FORMATS[f]["block_size"] for f in FORMATS}
 TOL_FLOAT64 = {"f32": 1e-5, "f16": 1e-5, "bf16": 1e-5, "q8_0": 3e-2, "q4_0": 3e-2, "q4_k": 3e-2, "q5_k": 3e-2, "q6_k": 3e-2}
 # SIMD vs scalar: the same integer block dots, only the float summation order differs.
 TOL_VS_REF = 2e-5
+# From this many tokens AVX-512's q5_K products expand each thread's rows to bytes (csrc/kernels_avx512.cpp)
+Q5_BYTES_FROM = 16
 
 
 def make(rng, fmt, n, k, scale=1.0):
@@ -100,6 +102,28 @@ def test_extreme_quants_no_overflow(rng):
         want = x.astype(np.float64) @ kernels.dequantize(q, fmt).astype(np.float64).T
         for isa in ISAS:
             check_close(kernels.matmul(x, q, fmt, isa=isa), want, 1e-5, f"{fmt} {isa} extremes")
+
+
+@pytest.mark.parametrize("m", [16, 23, 40])
+def test_q5_k_many_tokens_extremes(m):
+    """q5_K at its largest codes, scales and mins (31, 63, 63) against activations at +-127, over enough tokens
+    for AVX-512's expanded rows (exact int32 sums per super-block there): no overflow, and every ISA within
+    rounding of float64. 21 rows: a group of 16 and a part of one."""
+    k, rows = 1024, 21
+    blocks = np.zeros((rows, k // 256, 176), np.uint8)
+    blocks[..., 0:2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)  # d
+    blocks[..., 2:4] = np.frombuffer(np.float16(0.25).tobytes(), np.uint8)  # dmin
+    blocks[..., 4:16] = 0xFF  # every scale and min 63
+    blocks[::2, :, 16:] = 0xFF  # every code 31 (qh and qs all ones) on even rows, 0 on odd ones
+    blocks[5, 1, 16:48] = 0x55  # a row with mixed fifth bits
+    q = blocks.reshape(rows, -1)
+    wd = kernels.dequantize(q, "q5_k").astype(np.float64)
+    x = np.ones((m, k), np.float32)
+    x[1::2] = -1.0
+    x[2, ::3] = -1.0
+    want = x.astype(np.float64) @ wd.T
+    for isa in ISAS:
+        check_close(kernels.matmul(x, q, "q5_k", isa=isa), want, 1e-5, f"q5_k {isa} M={m} extremes")
 
 
 @pytest.mark.parametrize("k,m", [(64, 3), (512, 9)])  # (512, 9: AVX-512's lane tiles)
@@ -220,19 +244,22 @@ def test_kquant_tiles_cut_long_k_into_blocks(fmt, k, m, rng):
     # (one group, whole K where 32 would be blocked) and 16 (the 8 twice). (Fewer tokens may take the
     # one-row register tiles, which sum in another order: AVX2 up to 3 tokens of q4_K / q5_K, 7 of q6_K.)
     # 8 tokens: one group (rows unpacked as they pass); 32: several (rows stored and reloaded).
+    # (AVX-512's q5_K from Q5_BYTES_FROM tokens expands each thread's rows to bytes instead, one summation
+    # order for any K and token count there: its 32 tokens are compared with 16-token slices, 8 with nothing.)
     if not SIMD_ISAS:
         pytest.skip("no SIMD path on this machine")
     q, wd = make(rng, fmt, 70, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     for isa in SIMD_ISAS:
         full = kernels.matmul(x, q, fmt, isa=isa)
-        if m == 8:
+        n = Q5_BYTES_FROM if (fmt, isa) == ("q5_k", "avx512") else 8  # the slices' tokens
+        if m == 8 and n == 8:
             twice = kernels.matmul(np.concatenate([x, x]), q, fmt, isa=isa)
             np.testing.assert_array_equal(full, twice[:8], err_msg=f"{fmt} {isa} K={k} 8 tokens against 16")
             np.testing.assert_array_equal(full, twice[8:], err_msg=f"{fmt} {isa} K={k} 8 tokens against 16")
-        for t0 in sorted({0, 12, m - 8}) if m > 8 else ():
-            np.testing.assert_array_equal(full[t0:t0 + 8], kernels.matmul(x[t0:t0 + 8], q, fmt, isa=isa),
-                                          err_msg=f"{fmt} {isa} K={k} tokens {t0}..{t0 + 7}")
+        for t0 in sorted({0, 12, m - n}) if m > n else ():
+            np.testing.assert_array_equal(full[t0:t0 + n], kernels.matmul(x[t0:t0 + n], q, fmt, isa=isa),
+                                          err_msg=f"{fmt} {isa} K={k} tokens {t0}..{t0 + n - 1}")
         check_close(full, x.astype(np.float64) @ wd.T, TOL_FLOAT64[fmt], f"{fmt} {isa} K={k} M={m}")
 
 
