@@ -799,17 +799,25 @@ class Model:
 
     @property
     def user_turn_ids(self) -> list[int] | None:
-        """The token ids that open a user message in the file's chat template (ChatTemplate.user_turn_ids;
-        found once), or None: no template, or one that does not show where a message begins."""
+        """The token ids that open a user message in the file's chat template, or for a file without one in
+        the template its conversations are rendered with instead (use_fallback_template) (ChatTemplate.
+        user_turn_ids; found once), or None: no template, or one that does not show where a message begins."""
         if not hasattr(self, "_user_turn_ids"):
             from .chat import ChatTemplateError
 
             try:
-                tpl = self.chat_template
+                tpl = self.chat_template or getattr(self, "_fallback_template", None)
                 self._user_turn_ids = tpl.user_turn_ids() if tpl is not None else None
             except (ChatTemplateError, GGUFError):
                 self._user_turn_ids = None
         return self._user_turn_ids
+
+    def use_fallback_template(self, template) -> None:
+        """The template (clover_cpu.chat.ChatTemplate) a server renders this file's conversations with when the
+        file has none (ChatML, as llama-server): the decoder then cuts a prompt's prefill where its first user
+        message begins in that template too, as for a file's own (user_turn_ids)."""
+        self._fallback_template = template
+        self.__dict__.pop("_user_turn_ids", None)
 
     def apply_chat_template(self, messages, *, tools=None, add_generation_prompt: bool = True,
                             tokenize: bool = False, sanitize_control_tokens: bool = True, **template_kwargs):

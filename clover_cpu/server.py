@@ -256,12 +256,13 @@ class State:
 
                 self.model = clover_cpu.load(s.model_path, threads=s.threads, ctx_len=s.ctx_len, kv_type=s.kv_type)
             self.template = self.model.chat_template
-            self.model.user_turn_ids  # (found now, not on the first request: it renders the template once)
             if self.template is None:  # a file without one (a base model): ChatML, as llama-server falls back to
                 from .chat import ChatTemplate
 
                 self.template = ChatTemplate(CHATML, tokenizer=self.model.tokenizer,
                                              special_tokens=self.model.tokenizer.special_token_strings())
+                self.model.use_fallback_template(self.template)
+            self.model.user_turn_ids  # (found now, not on the first request: it renders the template once)
             self.engine = Engine(self.model, parallel=s.parallel, max_queue=s.max_queue, prefill_slice=s.prefill_slice,
                                  cache_slots=s.cache_slots)
         except Exception as e:  # reported by /health and every request

@@ -533,6 +533,9 @@ def test_chatml_fallback_has_control_tokens(tmp_path_factory, scripted):
         ids = scripted["ids"]
         assert ids.count(im_start) == 2 and ids.count(im_end) == 1  # the user's <|im_end|> stayed text
         assert scripted["seen"][-1].endswith("<|im_start|>assistant\n")
+        # the prefill is cut where the first user message begins in ChatML too (a shared system prompt's
+        # checkpoint, decode.first_user_turn)
+        assert model.user_turn_ids == model.tokenize("<|im_start|>user\n")
     finally:
         s.stop()
 
