@@ -44,6 +44,20 @@ struct BsumPair {
 };
 static_assert(sizeof(BsumPair) == 4, "BsumPair is one dword");
 
+// The sums of each token's 32-value sub-blocks 2c and 2c + 1 as an int16 pair (low, high), one dword per chunk
+// c of a super-block: bs[(m nsb + s) 4 + c] for the M block_q8_K rows at X, xrb bytes apart.
+inline void subblock_sum_pairs(const uint8_t* X, size_t xrb, int M, int64_t nsb, int32_t* bs) {
+    for (int m = 0; m < M; m++)
+        for (int64_t s = 0; s < nsb; s++) {
+            const block_q8_K& x = ((const block_q8_K*)(X + m * xrb))[s];
+            for (int c = 0; c < 4; c++) {
+                const uint16_t a = (uint16_t)(x.bsums[4 * c] + x.bsums[4 * c + 1]);
+                const uint16_t b = (uint16_t)(x.bsums[4 * c + 2] + x.bsums[4 * c + 3]);
+                bs[((size_t)m * nsb + s) * 4 + c] = (int32_t)((uint32_t)a | ((uint32_t)b << 16));
+            }
+        }
+}
+
 // f(std::integral_constant<int, n>) for a token count n in 1..GMAX.
 template <int GMAX, class F>
 inline void with_tokens(int n, F&& f) {
@@ -133,15 +147,7 @@ void gemm_r16(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
             for (int i = 0; i < QK; i++) sum += x.qs[i];
             bs[(size_t)m * per_token + b] = 128 * sum;
         }
-    for (int m = 0; m < (Of::PAIRS ? M : 0); m++)
-        for (int64_t s = 0; s < nsb; s++) {
-            const block_q8_K& x = ((const block_q8_K*)(X + m * xrb))[s];
-            for (int c = 0; c < 4; c++) {
-                const uint16_t a = (uint16_t)(x.bsums[4 * c] + x.bsums[4 * c + 1]);
-                const uint16_t b = (uint16_t)(x.bsums[4 * c + 2] + x.bsums[4 * c + 3]);
-                bs[((size_t)m * nsb + s) * 4 + c] = (int32_t)((uint32_t)a | ((uint32_t)b << 16));
-            }
-        }
+    if (Of::PAIRS) subblock_sum_pairs(X, xrb, M, nsb, bs);
     alignas(64) float acc[PANEL * R16];
     for (int mp = 0; mp < M; mp += PANEL) {
         const int mc = std::min(PANEL, M - mp), n_groups = (mc + GMAX - 1) / GMAX;

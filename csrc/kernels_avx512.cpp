@@ -1405,15 +1405,7 @@ void gemm_q5k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
     panel.resize((size_t)nsb);
     pairs.resize((size_t)M * nsb * 4);
     int32_t* const bs = &pairs[0].v;
-    for (int m = 0; m < M; m++)  // each token's sub-block sums (2c, 2c + 1) as an int16 pair per chunk c
-        for (int64_t s = 0; s < nsb; s++) {
-            const block_q8_K& x = ((const block_q8_K*)(X + m * xrb))[s];
-            for (int c = 0; c < 4; c++) {
-                const uint16_t a = (uint16_t)(x.bsums[4 * c] + x.bsums[4 * c + 1]);
-                const uint16_t b = (uint16_t)(x.bsums[4 * c + 2] + x.bsums[4 * c + 3]);
-                bs[((size_t)m * nsb + s) * 4 + c] = (int32_t)((uint32_t)a | ((uint32_t)b << 16));
-            }
-        }
+    subblock_sum_pairs(X, xrb, M, nsb, bs);
     const int n_groups = (M + Q5_BYTES_G - 1) / Q5_BYTES_G;
     // the 16 rows of group g16 within [n0, n1) (the lanes outside repeat its first or last row)
     auto group_rows = [&](int64_t g16, const uint8_t** rows) {
