@@ -325,6 +325,7 @@ class Model:
         # _moe), the same results bit for bit.
         self.fused = True
         self._costs = {}  # block length -> forward cost curve (mode auto), read or measured on first use
+        self._fallback_template = None  # the template conversations are rendered with where the file has none
         self.file = GGUFFile(path)
         try:
             reason = why_not_runnable(self.file)
@@ -806,7 +807,7 @@ class Model:
             from .chat import ChatTemplateError
 
             try:
-                tpl = self.chat_template or getattr(self, "_fallback_template", None)
+                tpl = self.chat_template or self._fallback_template
                 self._user_turn_ids = tpl.user_turn_ids() if tpl is not None else None
             except (ChatTemplateError, GGUFError):
                 self._user_turn_ids = None

@@ -1407,20 +1407,21 @@ void gemm_q5k(const uint8_t* W, size_t wrb, const uint8_t* X, size_t xrb, int64_
     int32_t* const bs = &pairs[0].v;
     subblock_sum_pairs(X, xrb, M, nsb, bs);
     const int n_groups = (M + Q5_BYTES_G - 1) / Q5_BYTES_G;
-    // the 16 rows of group g16 within [n0, n1) (the lanes outside repeat its first or last row)
+    // the 16 rows of group g16 within [n0, n1) (the lanes outside repeat its first or last row), and the mask
+    // of the lanes to store
     auto group_rows = [&](int64_t g16, const uint8_t** rows) {
         const int64_t lo = std::max(n0, 16 * g16), hi = std::min(n1, 16 * g16 + 16);
         for (int r = 0; r < 16; r++) rows[r] = W + (size_t)std::clamp(16 * g16 + r, lo, hi - 1) * wrb;
+        return (__mmask16)(((1u << (hi - lo)) - 1) << (lo - 16 * g16));
     };
     const uint8_t* next[16];
-    group_rows(n0 / 16, next);
+    __mmask16 next_keep = group_rows(n0 / 16, next);
     for (int64_t g16 = n0 / 16; 16 * g16 < n1; g16++) {
-        const int64_t lo = std::max(n0, 16 * g16), hi = std::min(n1, 16 * g16 + 16);
-        const __mmask16 keep = (__mmask16)(((1u << (hi - lo)) - 1) << (lo - 16 * g16));
         const uint8_t* rows[16];
         std::copy(next, next + 16, rows);
+        const __mmask16 keep = next_keep;
         const bool more = 16 * (g16 + 1) < n1;
-        if (more) group_rows(g16 + 1, next);
+        if (more) next_keep = group_rows(g16 + 1, next);
         for (int64_t s = 0; s < nsb; s++) expand_q5k16(rows, s, panel[s]);
         for (int tg = 0; tg < n_groups; tg++) {  // groups of equal size
             const int i0 = tg * M / n_groups, i1 = (tg + 1) * M / n_groups;
