@@ -70,6 +70,13 @@ def has_native_r16(fmt: str, isa: str | None = None) -> bool:
     return _core.has_native_r16(fmt, isa)
 
 
+def amx_min_tokens(fmt: str, isa: str | None = None) -> int:
+    """From how many tokens the kernels (the active ones, or isa's) multiply weights of format fmt (a file
+    format, or NAME_r16) on AMX tiles in bf16: 0 where they do not (every table but "amx", and the formats
+    without an AMX decoder there), so the int8 products stay in use."""
+    return _core.amx_min_tokens(fmt, isa)
+
+
 def matmul(x: np.ndarray, w: np.ndarray, fmt: str, *, isa: str | None = None) -> np.ndarray:
     """y[M, N] = x[M, K] @ W[N, K]^T with W in format fmt; activations quantized on the fly."""
     return _core.matmul(x, w, fmt, isa=isa)

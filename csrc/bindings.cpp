@@ -858,6 +858,13 @@ PYBIND11_MODULE(_core, m) {
             return has_native_r16(k, r16_format(fmt).to);
         },
         py::arg("format"), py::arg("isa") = py::none());
+    m.def(
+        "amx_min_tokens",
+        [](const std::string& fmt, const std::optional<std::string>& isa) {
+            const Kernels& k = kernels_arg(isa);
+            return k.amx ? k.amx->min_tokens(parse_type(fmt).type) : 0;
+        },
+        py::arg("format"), py::arg("isa") = py::none());
     m.def("quantize_acts", &py_quantize_acts, py::arg("x"), py::arg("kind"), py::arg("simd"));
     m.def("matmul", &py_matmul, py::arg("x"), py::arg("w"), py::arg("type"), py::kw_only(),
           py::arg("isa") = py::none());

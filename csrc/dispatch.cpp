@@ -1,4 +1,4 @@
-// Picks the kernel table once, from what the CPU and OS report; CLOVER_ISA=ref|avx2|avxvnni|avx512|neon
+// Picks the kernel table once, from what the CPU and OS report; CLOVER_ISA=ref|avx2|avxvnni|avx512|amx|neon
 // forces one.
 #include "dispatch.h"
 
@@ -33,6 +33,10 @@ const Kernels* kernels_avx512() { return nullptr; }
 #endif
 #if !defined(CLOVER_HAVE_AVXVNNI)
 const Kernels* kernels_avxvnni() { return nullptr; }
+#endif
+#if !defined(CLOVER_HAVE_AMX)
+const Kernels* kernels_amx() { return nullptr; }
+bool cpu_has_amx() { return false; }
 #endif
 #if !defined(CLOVER_HAVE_AVX512_VBMI)
 void add_avx512_vbmi(Kernels&) {}
@@ -99,6 +103,7 @@ std::vector<std::string> available_isas() {
     if (f.avx2 && f.fma && f.f16c && f.avxvnni && kernels_avxvnni()) out.push_back("avxvnni");
     if (f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && kernels_avx512())
         out.push_back("avx512");
+    if (out.back() == "avx512" && kernels_amx() && cpu_has_amx()) out.push_back("amx");
     if (f.neon && kernels_neon()) out.push_back("neon");
     return out;
 }
@@ -114,6 +119,7 @@ const Kernels& kernels_for(const std::string& isa) {
     }
     if (isa == "avx2") return *kernels_avx2();
     if (isa == "avx512") return *kernels_avx512();
+    if (isa == "amx") return *kernels_amx();
     if (isa == "avxvnni") return *kernels_avxvnni();
     if (isa == "neon") return *kernels_neon();
     return kernels_ref();

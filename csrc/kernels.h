@@ -12,6 +12,21 @@ namespace clover {
 using gemm_fn = void (*)(const uint8_t* W, size_t w_row_bytes, const uint8_t* X, size_t x_row_bytes, int64_t K,
                          int M, float* Y, int64_t ldy, int64_t n0, int64_t n1);
 
+// AMX prompt products (kernels_amx.cpp): weights dequantized to bf16 panels, activations rounded to bf16.
+struct AmxOps {
+    // From how many tokens a product with weights of layout t runs on the tiles (0: never, the int8 products).
+    int (*min_tokens)(Type t);
+    // X (M x K fp32) -> rows m0 .. m0 + M - 1 of Xb, bf16 (rounded to nearest even) in the tiles' layout: tiles
+    // of 16 rows, 16 K bf16 each, chunk c of a tile (weights 32 c .. 32 c + 31 of its 16 rows) 1 KB at 512 c.
+    // K a multiple of 32.
+    void (*to_bf16)(const float* X, int64_t M, int64_t K, uint16_t* Xb, int64_t m0);
+    // Y[m * ldy + n] = dot(W row n, Xb row m) for n in [n0, n1), m < M (Xb as to_bf16 writes it); W holds `rows` rows of type t in the
+    // layout the loader left (min_tokens(t) > 0; a repacked type: n0 a multiple of 16), K a multiple of 32; Xb is read in whole
+    // tiles of 16 rows (rows M .. M rounded up to 16 must be readable; they affect nothing stored).
+    void (*gemm)(Type t, const uint8_t* W, size_t row_bytes, int64_t rows, int64_t K, const uint16_t* Xb, int64_t M,
+                 float* Y, int64_t ldy, int64_t n0, int64_t n1);
+};
+
 struct Kernels {
     const char* isa;
     // The SIMD family of the ISA's other code (model operators, quantizer searches): "ref", "avx2" (the
@@ -42,6 +57,9 @@ struct Kernels {
     // iq4_nl and mxfp4 repacked at load (block_iq4_nl_r16, block_mxfp4_r16); their activations stay q8_0-like
     // blocks of 32 (block_q8_a), as for the file's layout.
     gemm_fn gemm_iq4_nl_r16 = nullptr, gemm_mxfp4_r16 = nullptr;
+
+    // The AMX table's prompt products (null elsewhere): ops.cpp uses them from amx->min_tokens tokens.
+    const AmxOps* amx = nullptr;
 
     // The product for weights of type t (null for a type no kernel multiplies).
     gemm_fn gemm(Type t) const;
@@ -82,5 +100,10 @@ void add_avx512_vbmi(Kernels& k);
 bool cpu_has_avx512vbmi_bitalg();
 const Kernels* kernels_avxvnni();  // the AVX2 table with AVX-VNNI (256-bit) q4_K/q6_K tiles
 const Kernels* kernels_neon();
+// The AVX-512 table with AMX prompt products; null in builds without kernels_amx.cpp.
+const Kernels* kernels_amx();
+// Whether the CPU has AMX-TILE, AMX-BF16 and AVX-512 BF16 and the OS grants this process the tile state
+// (on Linux, asked for on the first call).
+bool cpu_has_amx();
 
 }  // namespace clover

@@ -199,7 +199,7 @@ const ModelKernels* model_kernels_avx512() { return nullptr; }
 const ModelKernels& model_kernels_ref() { return REF; }
 
 const ModelKernels& model_kernels_of(const Kernels& kr) {
-    const ModelKernels* t = std::strcmp(kr.isa, "avx512") == 0 && model_kernels_avx512() ? model_kernels_avx512()
+    const ModelKernels* t = (std::strcmp(kr.isa, "avx512") == 0 || std::strcmp(kr.isa, "amx") == 0) && model_kernels_avx512() ? model_kernels_avx512()
                             : std::strcmp(kr.family, "avx2") == 0   ? model_kernels_avx2()
                             : std::strcmp(kr.family, "neon") == 0 ? model_kernels_neon()
                                                                   : nullptr;

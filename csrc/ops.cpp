@@ -54,6 +54,28 @@ void gemm_rows(gemm_fn fn, const WeightView& W, const uint8_t* Xq, size_t xrb, i
     }
 }
 
+// Whether the product of W with M tokens runs on AMX tiles: the table has them (Kernels::amx), and from
+// amx->min_tokens(W.type) tokens they beat the int8 products.
+bool use_amx(const Kernels& kr, const WeightView& W, int64_t M) {
+    if (!kr.amx || W.k % 32 != 0) return false;
+    const int from = kr.amx->min_tokens(W.type);
+    return from > 0 && M >= from;
+}
+
+// Rows rounded up to whole tiles of 16 (AmxOps::to_bf16's layout).
+int64_t amx_tile_rows(int64_t M) { return (M + 15) / 16 * 16; }
+
+// X (M x K) as the AMX products' bf16 activations in xb: whole tiles, the rows past M zero.
+void amx_acts(const Kernels& kr, const float* X, int64_t M, int64_t K, std::vector<uint16_t>& xb) {
+    xb.assign((size_t)amx_tile_rows(M) * K, 0);
+    kr.amx->to_bf16(X, M, K, xb.data(), 0);
+}
+
+void amx_rows(const Kernels& kr, const WeightView& W, const uint16_t* Xb, int64_t M, float* Y, int64_t ldy,
+              int64_t n0, int64_t n1) {
+    kr.amx->gemm(W.type, W.data, W.row_bytes, W.rows, W.k, Xb, M, Y, ldy, n0, n1);
+}
+
 std::atomic<int64_t> g_experts_prefetched{0};
 
 #if CLOVER_HAVE_MINCORE
@@ -119,13 +141,24 @@ void quantize_acts(Type t, const float* X, int64_t M, int64_t K, uint8_t* out) {
 }
 
 void matmul(const Kernels& kr, const WeightView& W, const float* X, int64_t M, float* Y) {
+    auto p = pool();
+    if (use_amx(kr, W, M)) {
+        thread_local std::vector<uint16_t> xb;
+        amx_acts(kr, X, M, W.k, xb);
+        const uint16_t* Xb = xb.data();  // (the workers' own thread_local xb is another vector)
+        const int64_t chunk = rows_per_task(W.rows, p->size(), 1, M);
+        p->run((W.rows + chunk - 1) / chunk, [&](int64_t task, int) {
+            const int64_t n0 = task * chunk;
+            amx_rows(kr, W, Xb, M, Y, W.rows, n0, std::min(W.rows, n0 + chunk));
+        });
+        return;
+    }
     const size_t xrb = act_row_bytes(W.type, W.k);
     thread_local std::vector<uint8_t> xq;
     xq.resize(xrb * M);
     quantize_acts(W.type, X, M, W.k, xq.data());
     const uint8_t* Xq = xq.data();
 
-    auto p = pool();
     // (a GEMV is bandwidth-bound: more than a few pages of weights are worth both cores)
     const bool small = W.rows * M * W.k < MIN_PARALLEL_MACS && W.rows * (int64_t)W.row_bytes < (64 << 10);
     const int64_t chunk = small ? W.rows : rows_per_task(W.rows, p->size(), 1, M);
@@ -140,11 +173,20 @@ void matmul(const Kernels& kr, const WeightView& W, const float* X, int64_t M, f
 void matmul_many(const Kernels& kr, const WeightView* Ws, size_t n, const float* X, int64_t M, float* const* Ys) {
     // one quantized copy of X per activation format (fp32 / q8_a / q8_K), in per-thread buffers as matmul's
     thread_local std::vector<uint8_t> xq[3];
-    bool done[3] = {false, false, false};
+    thread_local std::vector<uint16_t> xb;  // the AMX products' bf16 activations
+    bool done[3] = {false, false, false}, done_b = false;
     std::vector<const uint8_t*> xs(n);
     std::vector<size_t> xrbs(n);
     int64_t macs = 0, bytes = 0;
     for (size_t i = 0; i < n; i++) {
+        macs += Ws[i].rows * M * Ws[i].k;
+        bytes += Ws[i].rows * (int64_t)Ws[i].row_bytes;
+        if (use_amx(kr, Ws[i], M)) {
+            if (!done_b) amx_acts(kr, X, M, Ws[i].k, xb);
+            done_b = true;
+            xs[i] = nullptr;
+            continue;
+        }
         const int f = (int)act_format(Ws[i].type);
         xrbs[i] = act_row_bytes(Ws[i].type, Ws[i].k);
         if (!done[f]) {
@@ -153,8 +195,6 @@ void matmul_many(const Kernels& kr, const WeightView* Ws, size_t n, const float*
             done[f] = true;
         }
         xs[i] = xq[f].data();
-        macs += Ws[i].rows * M * Ws[i].k;
-        bytes += Ws[i].rows * (int64_t)Ws[i].row_bytes;
     }
     // tasks: (matrix, row chunk), chunks sized as matmul's for the matrices' total
     auto p = pool();
@@ -169,10 +209,15 @@ void matmul_many(const Kernels& kr, const WeightView* Ws, size_t n, const float*
         const int64_t chunk = small ? rows : rows_per_task(rows, p->size(), (int64_t)n, M);
         for (int64_t n0 = 0; n0 < rows; n0 += chunk) tasks.push_back({i, n0, std::min(rows, n0 + chunk)});
     }
+    const uint16_t* Xb = xb.data();  // (not xb in the lambda: the workers' thread_local xb is another vector)
     auto run_task = [&](int64_t t, int) {
         const Task& tk = tasks[t];
         const WeightView& W = Ws[tk.i];
-        gemm_rows(kr.gemm(W.type), W, xs[tk.i], xrbs[tk.i], M, Ys[tk.i], W.rows, tk.n0, tk.n1);
+        if (use_amx(kr, W, M)) {
+            amx_rows(kr, W, Xb, M, Ys[tk.i], W.rows, tk.n0, tk.n1);
+        } else {
+            gemm_rows(kr.gemm(W.type), W, xs[tk.i], xrbs[tk.i], M, Ys[tk.i], W.rows, tk.n0, tk.n1);
+        }
     };
     if (small) {
         for (size_t t = 0; t < tasks.size(); t++) run_task((int64_t)t, 0);
@@ -251,6 +296,25 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     uint8_t* const xg = xg_buf.get();
     quantize_acts(gate.w.type, X, M, H, xq);
     for (int64_t p = 0; p < n_slots; p++) std::memcpy(&xg[p * xrb], &xq[pos_token[p] * xrb], xrb);
+    // The experts whose products run on AMX tiles (use_amx: where the table has them, from enough tokens): their
+    // tokens' rows as bf16 (xb) and their hidden rows after the gate (hb), in the tiles' layout, each
+    // expert's from a tile of its own (tile_off[e] rows in), the rows past its count zero.
+    const bool any_amx = kr.amx && H % 32 == 0 && I % 32 == 0 &&
+                         (use_amx(kr, gate.w, n_slots) || use_amx(kr, up.w, n_slots) || use_amx(kr, down.w, n_slots));
+    std::vector<int64_t> tile_off(E + 1, 0);
+    if (any_amx)
+        for (int64_t e = 0; e < E; e++) tile_off[e + 1] = tile_off[e] + amx_tile_rows(count[e]);
+    const Scratch<uint16_t, 16> xb_buf(any_amx ? (size_t)tile_off[E] * H : 0);
+    uint16_t* const xb = xb_buf.get();
+    const Scratch<uint16_t, 17> hb_buf(any_amx ? (size_t)tile_off[E] * I : 0);
+    uint16_t* const hb = hb_buf.get();
+    if (any_amx) {
+        std::fill(xb, xb + tile_off[E] * H, 0);
+        std::fill(hb, hb + tile_off[E] * I, 0);
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t p = offset[e]; p < offset[e] + count[e]; p++)
+                kr.amx->to_bf16(X + pos_token[p] * H, 1, H, xb + tile_off[e] * H, p - offset[e]);
+    }
 
     auto pl = pool();
     // small problems: one task per phase, on the calling thread
@@ -285,19 +349,37 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     };
     auto up_rows = [&](int64_t e, int64_t n0, int64_t n1) {
         const int64_t o = offset[e], ne = count[e];
-        gemm_rows(gate_fn, gate.expert(e), &xg[o * xrb], xrb, ne, &g[o * I], I, n0, n1);
-        gemm_rows(up_fn, up.expert(e), &xg[o * xrb], xrb, ne, &u[o * I], I, n0, n1);
+        const WeightView ge = gate.expert(e), ue = up.expert(e);
+        if (any_amx && use_amx(kr, ge, ne)) {
+            amx_rows(kr, ge, &xb[tile_off[e] * H], ne, &g[o * I], I, n0, n1);
+        } else {
+            gemm_rows(gate_fn, ge, &xg[o * xrb], xrb, ne, &g[o * I], I, n0, n1);
+        }
+        if (any_amx && use_amx(kr, ue, ne)) {
+            amx_rows(kr, ue, &xb[tile_off[e] * H], ne, &u[o * I], I, n0, n1);
+        } else {
+            gemm_rows(up_fn, ue, &xg[o * xrb], xrb, ne, &u[o * I], I, n0, n1);
+        }
         for (int64_t t = o; t < o + ne; t++)  // (the SIMD silu: scalar expf was ~2% of a 32-token MoE)
             mk.swiglu(&g[t * I + n0], &u[t * I + n0], n1 - n0, &g[t * I + n0]);
     };
+    auto down_amx = [&](int64_t e) { return any_amx && use_amx(kr, down.expert(e), count[e]); };
     auto down_rows = [&](int64_t e, int64_t n0, int64_t n1) {
-        gemm_rows(down_fn, down.expert(e), &hq[offset[e] * hrb], hrb, count[e], &d[offset[e] * H], H, n0, n1);
+        if (down_amx(e)) {
+            amx_rows(kr, down.expert(e), &hb[tile_off[e] * I], count[e], &d[offset[e] * H], H, n0, n1);
+        } else {
+            gemm_rows(down_fn, down.expert(e), &hq[offset[e] * hrb], hrb, count[e], &d[offset[e] * H], H, n0, n1);
+        }
     };
     if (per1 == 1 && per2 == 1) {
         run(n_used, [&](int64_t task, int) {
             const int64_t e = used[task];
             up_rows(e, 0, I);
-            quantize_act_rows(down.w.type, g, offset[e], offset[e] + count[e], I, hq);
+            if (down_amx(e)) {
+                kr.amx->to_bf16(&g[offset[e] * I], count[e], I, &hb[tile_off[e] * I], 0);
+            } else {
+                quantize_act_rows(down.w.type, g, offset[e], offset[e] + count[e], I, hq);
+            }
             down_rows(e, 0, H);
         });
     } else {
@@ -306,6 +388,8 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
             up_rows(used[task / per1], n0, std::min(I, n0 + chunk1));
         });
         quantize_acts(down.w.type, g, n_slots, I, hq);
+        for (int64_t e = 0; any_amx && e < E; e++)
+            if (down_amx(e)) kr.amx->to_bf16(&g[offset[e] * I], count[e], I, &hb[tile_off[e] * I], 0);
         run(n_used * per2, [&](int64_t task, int) {
             const int64_t n0 = (task % per2) * chunk2;
             down_rows(used[task / per2], n0, std::min(H, n0 + chunk2));

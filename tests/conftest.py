@@ -39,6 +39,16 @@ def _private_cache_dir(tmp_path_factory):
         os.environ["CLOVER_CACHE_DIR"] = old
 
 
+def int8_exact(isa, m, fmt):
+    """Whether the ISA's product of m tokens with weights of format fmt sums the same int8 block dots as the
+    scalar path: not where the "amx" table takes its bf16 tiles (from kernels.amx_min_tokens(fmt) tokens;
+    tests compare those with float64 instead, tests/test_amx.py)."""
+    from clover_cpu import kernels
+
+    mt = kernels.amx_min_tokens(fmt, isa) if isa == "amx" else 0
+    return not (mt and m >= mt)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

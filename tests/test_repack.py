@@ -13,7 +13,7 @@ import pytest
 import clover_cpu
 from clover_cpu import kernels
 
-from conftest import check_close
+from conftest import check_close, int8_exact
 
 ISAS = clover_cpu.system_info()["available_isas"]
 TOL_VS_REF = 2e-5  # the same integer sums; the float work in another order
@@ -100,7 +100,11 @@ def test_every_isa_matches_the_reference(m, rows, k, fmt, rng):
     x = rng.standard_normal((m, k)).astype(np.float32)
     ref = kernels.matmul(x, q, fmt, isa="ref")
     for isa in ISAS:
-        check_close(kernels.matmul(x, r, fmt + "_r16", isa=isa), ref, TOL_VS_REF, f"{isa} M={m} {rows}x{k}")
+        if int8_exact(isa, m, fmt + "_r16"):
+            check_close(kernels.matmul(x, r, fmt + "_r16", isa=isa), ref, TOL_VS_REF, f"{isa} M={m} {rows}x{k}")
+        else:  # (bf16 AMX tiles, from the repacked layout: against float64 on the file's weights)
+            want = x.astype(np.float64) @ kernels.dequantize(q, fmt).astype(np.float64).T
+            check_close(kernels.matmul(x, r, fmt + "_r16", isa=isa), want, 3e-2, f"{isa} M={m} {rows}x{k}")
 
 
 @pytest.mark.skipif(not {"avx2", "avx512"} <= set(ISAS), reason="needs a CPU with AVX-512 VNNI")
@@ -213,11 +217,13 @@ def test_native_kernel_where_it_exists():
     assert not any(kernels.has_native_r16(f, "ref") for f in kernels.R16_FORMATS)
     dotprod = clover_cpu.system_info()["cpu_features"].get("dotprod", False)
     for isa in ISAS:
-        assert kernels.has_native_r16("q4_k", isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
+        # (the "amx" table is AVX-512's with AMX prompt products: the same layouts)
+        x86 = isa in ("avx2", "avxvnni", "avx512", "amx")
+        assert kernels.has_native_r16("q4_k", isa) == (x86 or (isa == "neon" and dotprod))
         for fmt in ("iq4_xs", "iq3_xxs", "iq3_s", "iq4_nl", "mxfp4"):
-            assert kernels.has_native_r16(fmt, isa) == (isa in ("avx2", "avxvnni", "avx512") or (isa == "neon" and dotprod))
-        assert kernels.has_native_r16("q3_k", isa) == (isa in ("avx2", "avxvnni", "avx512"))
-        assert kernels.has_native_r16("q2_k", isa) == (isa == "avx512")
+            assert kernels.has_native_r16(fmt, isa) == (x86 or (isa == "neon" and dotprod))
+        assert kernels.has_native_r16("q3_k", isa) == x86
+        assert kernels.has_native_r16("q2_k", isa) == (isa in ("avx512", "amx"))
         for fmt in ("q5_k", "q6_k"):
             assert kernels.has_native_r16(fmt, isa) == (isa == "avx2")
 
