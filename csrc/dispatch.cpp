@@ -51,7 +51,8 @@ bool cpu_has_avx512vbmi_bitalg() {
 #endif
 }
 
-CpuFeatures cpu_features() {
+namespace {
+CpuFeatures detect_features() {
     CpuFeatures f;
 #if defined(__x86_64__) || defined(_M_X64)
     __builtin_cpu_init();
@@ -92,6 +93,14 @@ CpuFeatures cpu_features() {
     if (sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &len, nullptr, 0) == 0) f.i8mm = v != 0;
 #endif
 #endif
+    return f;
+}
+}  // namespace
+
+// Read once: each kernels_for (every Python kernel call that names an ISA) asks, and CPUID in a virtual
+// machine traps to the hypervisor (5% of a 128-token AMX product's time through Python, perf).
+CpuFeatures cpu_features() {
+    static const CpuFeatures f = detect_features();
     return f;
 }
 
