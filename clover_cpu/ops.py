@@ -2,7 +2,7 @@
 
 Every array is float32 and C-contiguous, token-major ([T, ...]); every function raises ValueError on a
 wrong dtype, shape or layout, and releases the GIL. Functions with an ``isa`` keyword have a scalar
-("ref") and a SIMD path ("avx2", whose table "avxvnni" and "avx512" share; "neon"); ``isa=None`` runs the active one (``CLOVER_ISA`` or the best available).
+("ref") and a SIMD path ("avx2", whose table "avxvnni", "avx512" and "amx" share; "neon"); ``isa=None`` runs the active one (``CLOVER_ISA`` or the best available).
 Results do not depend on the number of threads. The math follows
 /work/shared/reference/qwen35moe-forward.md sections 3-6 (transformers' ``qwen3_5_moe``).
 """
