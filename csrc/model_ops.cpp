@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -306,16 +307,32 @@ void attention(const ModelKernels& kr, const float* q, const void* k, const void
 
 void conv1d_silu(const ModelKernels& kr, const float* x, const float* w, float* state, int64_t T, int64_t C,
                  int64_t K, bool update_state, float* y) {
-    const int64_t grain = std::max<int64_t>(64, (GRAIN_FLOATS / std::max<int64_t>(1, T * K) + 7) / 8 * 8);
-    parallel_ranges(C, grain, [&](int64_t c0, int64_t c1) {
-        if (T > 0) kr.conv1d_silu(x, w, state, T, C, K, c0, c1, y);
-        if (!update_state) return;
-        // state <- rows [T, T + K - 1) of concat(state, x); ascending rows read only rows not yet written
+    // state <- rows [T, T + K - 1) of concat(state, x) for channels [c0, c1); ascending rows read only rows
+    // not yet written
+    auto keep_state = [&](int64_t c0, int64_t c1) {
         for (int64_t r = 0; r < K - 1; r++) {
             const int64_t src = T + r;
             const float* from = src < K - 1 ? state + src * C : x + (src - (K - 1)) * C;
             std::memcpy(state + r * C + c0, from + c0, (c1 - c0) * sizeof(float));
         }
+    };
+    // A prompt's rows by ranges of tokens over every channel: each task reads whole rows, in order. (By
+    // ranges of 64 channels, as for a few tokens, each task read 256 bytes of each of T rows a row apart:
+    // 512 x 8192, 2 threads, 1.1-1.3 ns per element.) A range after the first reads its K - 1 rows before
+    // from x, as the first reads them from the state.
+    constexpr int64_t TOKENS_PER_TASK = 16;
+    if (T >= 4 * TOKENS_PER_TASK && K - 1 <= TOKENS_PER_TASK) {
+        parallel_ranges(T, TOKENS_PER_TASK, [&](int64_t t0, int64_t t1) {
+            const float* before = t0 == 0 ? state : x + (t0 - (K - 1)) * C;
+            kr.conv1d_silu(x + t0 * C, w, before, t1 - t0, C, K, 0, C, y + t0 * C);
+        });
+        if (update_state) keep_state(0, C);
+        return;
+    }
+    const int64_t grain = std::max<int64_t>(64, (GRAIN_FLOATS / std::max<int64_t>(1, T * K) + 7) / 8 * 8);
+    parallel_ranges(C, grain, [&](int64_t c0, int64_t c1) {
+        if (T > 0) kr.conv1d_silu(x, w, state, T, C, K, c0, c1, y);
+        if (update_state) keep_state(c0, c1);
     });
 }
 

@@ -345,7 +345,9 @@ def test_attention_threads(kv, D, T, Hq, mask, rng, threads):
 # ---- causal conv ----
 
 
-@pytest.mark.parametrize("T,C,K", [(1, 8, 4), (2, 13, 4), (9, 40, 4), (5, 70, 1), (6, 16, 3), (3, 620, 4), (2, 530, 3)])
+# (from 64 tokens the driver splits by ranges of 16 tokens, not of channels: csrc/model_ops.cpp)
+@pytest.mark.parametrize("T,C,K", [(1, 8, 4), (2, 13, 4), (9, 40, 4), (5, 70, 1), (6, 16, 3), (3, 620, 4), (2, 530, 3),
+                                   (64, 40, 4), (67, 530, 3), (200, 13, 4), (130, 70, 1)])
 def test_conv1d_silu(T, C, K, rng):
     x = f32(rng, T, C, scale=2.0)
     w = f32(rng, C, K)
@@ -359,14 +361,17 @@ def test_conv1d_silu(T, C, K, rng):
         assert np.array_equal(state, want_state.astype(np.float32))
 
 
-def test_conv1d_pieces(rng):
-    T, C, K = 11, 24, 4
+@pytest.mark.parametrize("T,C,pieces", [(11, 24, ([4], [1, 2, 3], list(range(1, 11)))),
+                                         (150, 530, ([64], [50, 100], [1, 80], [149]))])
+def test_conv1d_pieces(T, C, pieces, rng):
+    # (150 tokens: split by tokens whole, by channels in pieces under 64 tokens; the same sums either way)
+    K = 4
     x = f32(rng, T, C)
     w = f32(rng, C, K)
     for isa in ISAS:
         whole_state = np.zeros((K - 1, C), np.float32)
         whole = ops.conv1d_silu(x, w, whole_state, isa=isa)
-        for cuts in ([4], [1, 2, 3], list(range(1, T))):
+        for cuts in pieces:
             state = np.zeros((K - 1, C), np.float32)
             bounds = [0, *cuts, T]
             parts = [ops.conv1d_silu(x[a:b], w, state, isa=isa) for a, b in zip(bounds, bounds[1:])]
