@@ -1,5 +1,5 @@
-// Picks the kernel table once, from what the CPU and OS report; CLOVER_ISA=ref|avx2|avxvnni|avx512|amx|neon
-// forces one.
+// Picks the kernel table once, from what the CPU and OS report (the best but "amx", which is offered);
+// CLOVER_ISA=ref|avx2|avxvnni|avx512|amx|neon forces one.
 #include "dispatch.h"
 
 #include "quants.h"
@@ -136,7 +136,17 @@ const Kernels& kernels_for(const std::string& isa) {
 
 namespace {
 const Kernels* g_active = nullptr;
+
+// The best table, listed last, but "amx": its prompt products round weights and activations to bf16 where
+// the int8 products round the activations to 8 bits, so a prompt's results would depend on how its tokens
+// are batched (a prompt read whole on the tiles, or after a cached prefix through the int8 products, or
+// beside other requests' tokens: replies that the prompt cache and continuous batching promise to keep).
+// It is offered: CLOVER_ISA=amx.
+std::string default_isa() {
+    const std::vector<std::string> isas = available_isas();
+    return isas.back() == "amx" ? isas[isas.size() - 2] : isas.back();
 }
+}  // namespace
 
 const Kernels& active_kernels() {
     if (!g_active) {
@@ -144,7 +154,7 @@ const Kernels& active_kernels() {
         if (env && *env) {
             g_active = &kernels_for(env);
         } else {
-            g_active = &kernels_for(available_isas().back());  // the best one is listed last
+            g_active = &kernels_for(default_isa());
         }
     }
     return *g_active;

@@ -33,6 +33,13 @@ namespace clover {
 
 namespace {
 
+// One chunk of a panel (16 pair rows of 16 rows x 2 bf16). (A type of this file's own: a std::vector of
+// uint16_t here would define vector's members as weak symbols compiled for AMX, which the linker may pick
+// for every file: tests/test_isa_objects.py.)
+struct alignas(64) PanelChunk {
+    uint16_t v[512];
+};
+
 struct TileConfig {
     uint8_t palette, start_row;
     uint8_t reserved[14];
@@ -171,75 +178,77 @@ void panel_q6_K_r16(const uint8_t* G, int64_t K, int32_t* out) {
     }
 }
 
-// 16 rows of q5_K in the file's layout: each row's sub-blocks as pair dwords, then transposed per chunk.
-void panel_q5_K(const uint8_t* W, size_t row_bytes, int64_t n, int64_t K, int32_t* out) {
+// 16 rows of a layout whose rows are blocks of 256 weights (n of them real, the rest zero): decode(x, pairs)
+// writes one row's super-block x as its 8 chunks' pair dwords, and each chunk's 16 rows are then transposed
+// into the panel.
+template <class Block, class Decode>
+void panel_rows(const uint8_t* W, size_t row_bytes, int64_t n, int64_t K, int32_t* out, Decode decode) {
     for (int64_t b = 0; b < K / 256; b++) {
         __m512i rows[8][16];
         for (int r = 0; r < 16; r++) {
-            if (r >= n) {
-                for (int j = 0; j < 8; j++) rows[j][r] = _mm512_setzero_si512();
-                continue;
+            __m512i pairs[8];
+            if (r < n) {
+                decode(((const Block*)(W + (size_t)r * row_bytes))[b], pairs);
+            } else {
+                for (int j = 0; j < 8; j++) pairs[j] = _mm512_setzero_si512();
             }
-            const block_q5_K& x = ((const block_q5_K*)(W + (size_t)r * row_bytes))[b];
-            const float d = fp16_to_f32(x.d), dmin = fp16_to_f32(x.dmin);
-            const __m256i qh = _mm256_loadu_si256((const __m256i*)x.qh);
-            for (int c = 0; c < 4; c++) {
-                const __m256i qs = _mm256_loadu_si256((const __m256i*)(x.qs + 32 * c));
-                for (int h = 0; h < 2; h++) {
-                    const int j = 2 * c + h;
-                    uint8_t sc, m;
-                    scale_min_k4(j, x.scales, &sc, &m);
-                    // weight l of sub-block j: nibble h of qs[32 c + l] plus 16 x bit j of qh[l]
-                    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(qs, 4 * h), _mm256_set1_epi8(15));
-                    const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
-                    const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-                    const __m512 s = _mm512_set1_ps(d * sc), mm = _mm512_set1_ps(dmin * m);
-                    const __m512 w0 = _mm512_fmsub_ps(
-                        s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q))), mm);
-                    const __m512 w1 = _mm512_fmsub_ps(
-                        s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1))), mm);
-                    rows[j][r] = pairs_bf16(w0, w1);
-                }
-            }
+            for (int j = 0; j < 8; j++) rows[j][r] = pairs[j];
         }
         for (int j = 0; j < 8; j++, out += 256) store_rows_chunk(rows[j], out);
     }
 }
 
-// 16 rows of q6_K in the file's layout, as panel_q5_K. Half n (weights 128 n ..) of a super-block: chunk
-// v = 4 n + u holds weights 32 u + l (l < 32) of the half, low 4 bits from ql[64 n + l + 32 (u % 2)] (its
-// high nibble for u >= 2), high 2 bits at bits 2 u of qh[32 n + l]; scales[8 n + 2 u + l / 16] (ggml's order).
-void panel_q6_K(const uint8_t* W, size_t row_bytes, int64_t n, int64_t K, int32_t* out) {
-    for (int64_t b = 0; b < K / 256; b++) {
-        __m512i rows[8][16];
-        for (int r = 0; r < 16; r++) {
-            if (r >= n) {
-                for (int v = 0; v < 8; v++) rows[v][r] = _mm512_setzero_si512();
-                continue;
-            }
-            const block_q6_K& x = ((const block_q6_K*)(W + (size_t)r * row_bytes))[b];
-            const float d = fp16_to_f32(x.d);
+// q5_K in the file's layout: weight l of sub-block j = 2 c + h is nibble h of qs[32 c + l] plus 16 x bit j
+// of qh[l]; d * scale * q - dmin * min.
+void panel_q5_K(const uint8_t* W, size_t row_bytes, int64_t n, int64_t K, int32_t* out) {
+    panel_rows<block_q5_K>(W, row_bytes, n, K, out, [](const block_q5_K& x, __m512i* pairs) {
+        const float d = fp16_to_f32(x.d), dmin = fp16_to_f32(x.dmin);
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)x.qh);
+        for (int c = 0; c < 4; c++) {
+            const __m256i qs = _mm256_loadu_si256((const __m256i*)(x.qs + 32 * c));
             for (int h = 0; h < 2; h++) {
-                const __m256i qh = _mm256_loadu_si256((const __m256i*)(x.qh + 32 * h));
-                for (int u = 0; u < 4; u++) {
-                    const __m256i ql = _mm256_loadu_si256((const __m256i*)(x.ql + 64 * h + 32 * (u % 2)));
-                    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (u / 2)), _mm256_set1_epi8(15));
-                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), _mm256_set1_epi8(3));
-                    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
-                    const int8_t* sc = x.scales + 8 * h + 2 * u;
-                    const __m512 w0 = _mm512_mul_ps(
-                        _mm512_set1_ps(d * sc[0]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
-                    const __m512 w1 = _mm512_mul_ps(
-                        _mm512_set1_ps(d * sc[1]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
-                    rows[4 * h + u][r] = pairs_bf16(w0, w1);
-                }
+                const int j = 2 * c + h;
+                uint8_t sc, m;
+                scale_min_k4(j, x.scales, &sc, &m);
+                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(qs, 4 * h), _mm256_set1_epi8(15));
+                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
+                const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+                const __m512 s = _mm512_set1_ps(d * sc), mm = _mm512_set1_ps(dmin * m);
+                const __m512 w0 =
+                    _mm512_fmsub_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q))), mm);
+                const __m512 w1 =
+                    _mm512_fmsub_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1))), mm);
+                pairs[j] = pairs_bf16(w0, w1);
             }
         }
-        for (int v = 0; v < 8; v++, out += 256) store_rows_chunk(rows[v], out);
-    }
+    });
 }
 
-// 16 rows of q8_0 in the file's layout, as panel_q5_K: one chunk per block of 32.
+// q6_K in the file's layout. Half h (weights 128 h ..) of a super-block: chunk 4 h + u holds weights 32 u + l
+// (l < 32) of the half, low 4 bits from ql[64 h + l + 32 (u % 2)] (its high nibble for u >= 2), high 2 bits
+// at bits 2 u of qh[32 h + l]; scales[8 h + 2 u + l / 16] (ggml's order); d * scale * (q - 32).
+void panel_q6_K(const uint8_t* W, size_t row_bytes, int64_t n, int64_t K, int32_t* out) {
+    panel_rows<block_q6_K>(W, row_bytes, n, K, out, [](const block_q6_K& x, __m512i* pairs) {
+        const float d = fp16_to_f32(x.d);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i*)(x.qh + 32 * h));
+            for (int u = 0; u < 4; u++) {
+                const __m256i ql = _mm256_loadu_si256((const __m256i*)(x.ql + 64 * h + 32 * (u % 2)));
+                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (u / 2)), _mm256_set1_epi8(15));
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), _mm256_set1_epi8(3));
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+                const int8_t* sc = x.scales + 8 * h + 2 * u;
+                const __m512 w0 = _mm512_mul_ps(_mm512_set1_ps(d * sc[0]),
+                                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
+                const __m512 w1 = _mm512_mul_ps(_mm512_set1_ps(d * sc[1]),
+                                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
+                pairs[4 * h + u] = pairs_bf16(w0, w1);
+            }
+        }
+    });
+}
+
+// 16 rows of q8_0 in the file's layout: one chunk per block of 32, its 16 rows transposed into the panel.
 void panel_q8_0(const uint8_t* W, size_t row_bytes, int64_t n, int64_t K, int32_t* out) {
     for (int64_t c = 0; c < K / 32; c++, out += 256) {
         __m512i rows[16];
@@ -360,8 +369,9 @@ void amx_gemm(Type t, const uint8_t* W, size_t row_bytes, int64_t rows, int64_t 
     constexpr int64_t TB = 256, PANEL_BYTES = 256 << 10;
     const int64_t panel = (size_t)16 * K;  // bf16 per 16-row panel
     const int64_t RB = std::max<int64_t>(32, PANEL_BYTES / (panel * 2) / 2 * 32);
-    thread_local std::vector<uint16_t> panels;
-    panels.resize((size_t)(RB / 16) * panel);
+    thread_local std::vector<PanelChunk> chunks;
+    chunks.resize((size_t)(RB / 16) * (K / 32));
+    uint16_t* const panels = chunks.data()->v;
     const int64_t nk = K / 32;
     load_config();
     for (int64_t rb = n0; rb < n1; rb += RB) {
