@@ -37,6 +37,7 @@ const Kernels* kernels_avxvnni() { return nullptr; }
 #if !defined(CLOVER_HAVE_AMX)
 const Kernels* kernels_amx() { return nullptr; }
 bool cpu_has_amx() { return false; }
+bool amx_tiles_granted() { return false; }
 #endif
 #if !defined(CLOVER_HAVE_AVX512_VBMI)
 void add_avx512_vbmi(Kernels&) {}
@@ -128,7 +129,11 @@ const Kernels& kernels_for(const std::string& isa) {
     }
     if (isa == "avx2") return *kernels_avx2();
     if (isa == "avx512") return *kernels_avx512();
-    if (isa == "amx") return *kernels_amx();
+    if (isa == "amx") {
+        if (!amx_tiles_granted())
+            throw std::invalid_argument("ISA 'amx': the OS did not grant this process the AMX tile registers");
+        return *kernels_amx();
+    }
     if (isa == "avxvnni") return *kernels_avxvnni();
     if (isa == "neon") return *kernels_neon();
     return kernels_ref();

@@ -102,8 +102,9 @@ const Kernels* kernels_avxvnni();  // the AVX2 table with AVX-VNNI (256-bit) q4_
 const Kernels* kernels_neon();
 // The AVX-512 table with AMX prompt products; null in builds without kernels_amx.cpp.
 const Kernels* kernels_amx();
-// Whether the CPU has AMX-TILE, AMX-BF16 and AVX-512 BF16 and the OS grants this process the tile state
-// (on Linux, asked for on the first call).
+// Whether the CPU has AMX-TILE, AMX-BF16 and AVX-512 BF16 and the OS saves the tile state (Linux).
 bool cpu_has_amx();
+// Whether the OS grants this process the tile state (asked for on the first call; before any tile instruction).
+bool amx_tiles_granted();
 
 }  // namespace clover

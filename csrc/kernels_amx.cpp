@@ -417,12 +417,23 @@ bool cpu_has_amx() {
         __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
         const bool avx512bf16 = (a >> 5) & 1;
         if (!tile || !bf16 || !avx512bf16) return false;
-        // The OS saves the tile configuration and data (XCR0 bits 17, 18) ...
+        // The OS saves the tile configuration and data (XCR0 bits 17, 18); Linux alone is known to grant them.
         uint32_t lo, hi;
         __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-        if (((lo >> 17) & 3) != 3) return false;
 #if defined(__linux__)
-        // ... and grants this process the 8 KB of tile data (Linux 5.16+: ARCH_REQ_XCOMP_PERM, XTILEDATA).
+        return ((lo >> 17) & 3) == 3;
+#else
+        return false;
+#endif
+    }();
+    return ok;
+}
+
+bool amx_tiles_granted() {
+    // Linux 5.16+: ARCH_REQ_XCOMP_PERM for XTILEDATA, asked for once, when the table is first taken (not at
+    // import: the grant makes every thread's signal frames larger).
+    static const bool ok = [] {
+#if defined(__linux__)
         return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 #else
         return false;
