@@ -20,9 +20,10 @@ struct AmxOps {
     // of 16 rows, 16 K bf16 each, chunk c of a tile (weights 32 c .. 32 c + 31 of its 16 rows) 1 KB at 512 c.
     // K a multiple of 32.
     void (*to_bf16)(const float* X, int64_t M, int64_t K, uint16_t* Xb, int64_t m0);
-    // Y[m * ldy + n] = dot(W row n, Xb row m) for n in [n0, n1), m < M (Xb as to_bf16 writes it); W holds `rows` rows of type t in the
-    // layout the loader left (min_tokens(t) > 0; a repacked type: n0 a multiple of 16), K a multiple of 32; Xb is read in whole
-    // tiles of 16 rows (rows M .. M rounded up to 16 must be readable; they affect nothing stored).
+    // Y[m * ldy + n] = dot(W row n, Xb row m) for n in [n0, n1), m < M (Xb as to_bf16 writes it); W holds
+    // `rows` rows of type t in the layout the loader left (min_tokens(t) > 0; a repacked type: n0 a multiple
+    // of 16), K a multiple of 32. Xb is read in whole tiles of 16 rows (rows M .. M rounded up to 16 must be
+    // readable; they affect nothing stored).
     void (*gemm)(Type t, const uint8_t* W, size_t row_bytes, int64_t rows, int64_t K, const uint16_t* Xb, int64_t M,
                  float* Y, int64_t ldy, int64_t n0, int64_t n1);
 };

@@ -65,10 +65,19 @@ bool use_amx(const Kernels& kr, const WeightView& W, int64_t M) {
 // Rows rounded up to whole tiles of 16 (AmxOps::to_bf16's layout).
 int64_t amx_tile_rows(int64_t M) { return (M + 15) / 16 * 16; }
 
+// Rows M .. M rounded up to 16 of Xb (AmxOps::to_bf16's layout) set to zero: a tile reads 16 rows. (Those
+// rows feed only results that are never stored; zero, a buffer's reused bytes are never read.)
+void amx_zero_pad(const Kernels& kr, int64_t M, int64_t K, uint16_t* Xb) {
+    thread_local std::vector<float> zeros;
+    zeros.resize(K);  // (never written: zeros)
+    for (int64_t m = M; m < amx_tile_rows(M); m++) kr.amx->to_bf16(zeros.data(), 1, K, Xb, m);
+}
+
 // X (M x K) as the AMX products' bf16 activations in xb: whole tiles, the rows past M zero.
 void amx_acts(const Kernels& kr, const float* X, int64_t M, int64_t K, std::vector<uint16_t>& xb) {
-    xb.assign((size_t)amx_tile_rows(M) * K, 0);
+    xb.resize((size_t)amx_tile_rows(M) * K);
     kr.amx->to_bf16(X, M, K, xb.data(), 0);
+    amx_zero_pad(kr, M, K, xb.data());
 }
 
 void amx_rows(const Kernels& kr, const WeightView& W, const uint16_t* Xb, int64_t M, float* Y, int64_t ldy,
@@ -288,19 +297,31 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     std::stable_sort(used.begin(), used.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
     if (prefetch) prefetch_experts(used, gate, up, down);
 
-    // Activations quantized once, then gathered in expert order.
-    const size_t xrb = act_row_bytes(gate.w.type, H);
-    const Scratch<uint8_t, 10> xq_buf(xrb * M);
-    uint8_t* const xq = xq_buf.get();
-    const Scratch<uint8_t, 11> xg_buf(xrb * n_slots);
-    uint8_t* const xg = xg_buf.get();
-    quantize_acts(gate.w.type, X, M, H, xq);
-    for (int64_t p = 0; p < n_slots; p++) std::memcpy(&xg[p * xrb], &xq[pos_token[p] * xrb], xrb);
-    // The experts whose products run on AMX tiles (use_amx: where the table has them, from enough tokens): their
-    // tokens' rows as bf16 (xb) and their hidden rows after the gate (hb), in the tiles' layout, each
-    // expert's from a tile of its own (tile_off[e] rows in), the rows past its count zero.
+    // Which experts' products take AMX tiles (use_amx, by each expert's own token count: where the table has
+    // them); the others take the int8 activations.
     const bool any_amx = kr.amx && H % 32 == 0 && I % 32 == 0 &&
                          (use_amx(kr, gate.w, n_slots) || use_amx(kr, up.w, n_slots) || use_amx(kr, down.w, n_slots));
+    auto gate_amx = [&](int64_t e) { return any_amx && use_amx(kr, gate.w, count[e]); };
+    auto up_amx = [&](int64_t e) { return any_amx && use_amx(kr, up.w, count[e]); };
+    auto down_amx = [&](int64_t e) { return any_amx && use_amx(kr, down.w, count[e]); };
+    bool need_xq = false, need_hq = false;
+    for (const int64_t e : used) {
+        need_xq = need_xq || !gate_amx(e) || !up_amx(e);
+        need_hq = need_hq || !down_amx(e);
+    }
+
+    // Activations quantized once, then gathered in expert order (where an expert needs them).
+    const size_t xrb = act_row_bytes(gate.w.type, H);
+    const Scratch<uint8_t, 10> xq_buf(need_xq ? xrb * M : 0);
+    uint8_t* const xq = xq_buf.get();
+    const Scratch<uint8_t, 11> xg_buf(need_xq ? xrb * n_slots : 0);
+    uint8_t* const xg = xg_buf.get();
+    if (need_xq) {
+        quantize_acts(gate.w.type, X, M, H, xq);
+        for (int64_t p = 0; p < n_slots; p++) std::memcpy(&xg[p * xrb], &xq[pos_token[p] * xrb], xrb);
+    }
+    // For the tiles: the tokens' rows as bf16 (xb) and the hidden rows after the gate (hb), in the tiles'
+    // layout, each expert's from a tile of its own (tile_off[e] rows in), the rows past its count zero.
     std::vector<int64_t> tile_off(E + 1, 0);
     if (any_amx)
         for (int64_t e = 0; e < E; e++) tile_off[e + 1] = tile_off[e] + amx_tile_rows(count[e]);
@@ -308,12 +329,13 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     uint16_t* const xb = xb_buf.get();
     const Scratch<uint16_t, 17> hb_buf(any_amx ? (size_t)tile_off[E] * I : 0);
     uint16_t* const hb = hb_buf.get();
-    if (any_amx) {
-        std::fill(xb, xb + tile_off[E] * H, 0);
-        std::fill(hb, hb + tile_off[E] * I, 0);
-        for (int64_t e = 0; e < E; e++)
+    for (const int64_t e : used) {
+        if (gate_amx(e) || up_amx(e)) {
             for (int64_t p = offset[e]; p < offset[e] + count[e]; p++)
                 kr.amx->to_bf16(X + pos_token[p] * H, 1, H, xb + tile_off[e] * H, p - offset[e]);
+            amx_zero_pad(kr, count[e], H, xb + tile_off[e] * H);
+        }
+        if (down_amx(e)) amx_zero_pad(kr, count[e], I, hb + tile_off[e] * I);
     }
 
     auto pl = pool();
@@ -336,7 +358,7 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     const int64_t chunk2 = n_threads ? rows_per_task(H, n_threads, n_used, 2, H) : H;
     const int64_t per1 = (I + chunk1 - 1) / chunk1, per2 = (H + chunk2 - 1) / chunk2;
     const size_t hrb = act_row_bytes(down.w.type, I);
-    const Scratch<uint8_t, 14> hq_buf(hrb * n_slots);
+    const Scratch<uint8_t, 14> hq_buf(need_hq ? hrb * n_slots : 0);
     uint8_t* const hq = hq_buf.get();
     const Scratch<float, 15> d_buf((size_t)n_slots * H);
     float* const d = d_buf.get();
@@ -350,12 +372,12 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
     auto up_rows = [&](int64_t e, int64_t n0, int64_t n1) {
         const int64_t o = offset[e], ne = count[e];
         const WeightView ge = gate.expert(e), ue = up.expert(e);
-        if (any_amx && use_amx(kr, ge, ne)) {
+        if (gate_amx(e)) {
             amx_rows(kr, ge, &xb[tile_off[e] * H], ne, &g[o * I], I, n0, n1);
         } else {
             gemm_rows(gate_fn, ge, &xg[o * xrb], xrb, ne, &g[o * I], I, n0, n1);
         }
-        if (any_amx && use_amx(kr, ue, ne)) {
+        if (up_amx(e)) {
             amx_rows(kr, ue, &xb[tile_off[e] * H], ne, &u[o * I], I, n0, n1);
         } else {
             gemm_rows(up_fn, ue, &xg[o * xrb], xrb, ne, &u[o * I], I, n0, n1);
@@ -363,7 +385,6 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
         for (int64_t t = o; t < o + ne; t++)  // (the SIMD silu: scalar expf was ~2% of a 32-token MoE)
             mk.swiglu(&g[t * I + n0], &u[t * I + n0], n1 - n0, &g[t * I + n0]);
     };
-    auto down_amx = [&](int64_t e) { return any_amx && use_amx(kr, down.expert(e), count[e]); };
     auto down_rows = [&](int64_t e, int64_t n0, int64_t n1) {
         if (down_amx(e)) {
             amx_rows(kr, down.expert(e), &hb[tile_off[e] * I], count[e], &d[offset[e] * H], H, n0, n1);
@@ -387,8 +408,8 @@ int moe(const Kernels& kr, const float* X, int64_t M, const int32_t* ids, const 
             const int64_t n0 = (task % per1) * chunk1;
             up_rows(used[task / per1], n0, std::min(I, n0 + chunk1));
         });
-        quantize_acts(down.w.type, g, n_slots, I, hq);
-        for (int64_t e = 0; any_amx && e < E; e++)
+        if (need_hq) quantize_acts(down.w.type, g, n_slots, I, hq);
+        for (const int64_t e : used)
             if (down_amx(e)) kr.amx->to_bf16(&g[offset[e] * I], count[e], I, &hb[tile_off[e] * I], 0);
         run(n_used * per2, [&](int64_t task, int) {
             const int64_t n0 = (task % per2) * chunk2;

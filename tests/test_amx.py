@@ -7,6 +7,8 @@ table's products bit for bit."""
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
+from gguf import quants as gq
 
 import clover_cpu
 from clover_cpu import kernels
@@ -26,11 +28,12 @@ TAKEN = {"q5_k": 64, "q6_k": 64, "q8_0": 64, "q4_k_r16": 32, "iq4_xs_r16": 32, "
 
 
 def quant(rng, fmt, rows, k):
+    """Weights of format fmt and their values by gguf's own dequantizer (llama.cpp's gguf-py)."""
     if fmt in ("iq3_xxs", "iq3_s", "mxfp4"):  # (read, not written, by clover-cpu: random blocks)
         q = random_blocks(rng, fmt, rows, k, rms=1.0)
     else:
         q = kernels.quantize(rng.standard_normal((rows, k)).astype(np.float32), fmt)
-    return q, kernels.dequantize(q, fmt).astype(np.float64)
+    return q, gq.dequantize(q, GGMLQuantizationType[fmt.upper()]).astype(np.float64)
 
 
 def test_which_layouts():
@@ -128,3 +131,25 @@ def test_the_shipped_model_on_tiles():
     check_close(out["amx"], out["avx512"], 0.1, "shipped model, amx against avx512")
     assert (out["amx"].argmax(-1) == out["avx512"].argmax(-1)).mean() >= 0.9
     assert not np.array_equal(out["amx"], out["avx512"])  # (the tiles did run)
+
+
+@pytest.mark.parametrize("E,K", [(2, 2), (8, 8), (8, 7)])
+def test_moe_every_expert_on_tiles(E, K, rng):
+    # E experts, K per token, 70 tokens. K = E: every expert has all 70 (>= 64: no int8 activations are made);
+    # 8 experts: a task per expert, both phases in it (4 or more experts per thread); 7 of 8: about 61 tokens
+    # each, some experts on the tiles and some not
+    H, I, M = 256, 256, 70
+    g, gd = make_experts(rng, "q8_0", E, I, H)
+    u, ud = make_experts(rng, "q8_0", E, I, H)
+    d, dd = make_experts(rng, "q6_k", E, H, I)
+    x = rng.standard_normal((M, H)).astype(np.float32)
+    ids, w = route(rng, M, E, K)
+    want = reference(x.astype(np.float64), ids, w, gd, ud, dd)
+    counts = np.bincount(ids.ravel(), minlength=E)
+    assert (counts >= 64).all() if K == E else ((counts >= 64).any() and (counts < 64).any()), counts
+    out, used = kernels.moe(x, ids, w, g, u, d, "q8_0", "q8_0", "q6_k", isa="amx")
+    assert used == E
+    check_close(out, want, 5e-2, f"moe amx, {E} experts, {K} per token")
+    out8, _ = kernels.moe(x, ids, w, g, u, d, "q8_0", "q8_0", "q6_k", isa="avx512")
+    rms = [float(np.sqrt(np.mean((o - want) ** 2))) for o in (out, out8)]
+    assert rms[0] < (0.8 if K == E else 1.0) * rms[1], rms  # (7 of 8: part of the work stays int8)
