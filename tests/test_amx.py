@@ -84,30 +84,54 @@ def test_many_rows_threads_and_matmul_many(rng):
     check_close(b, x.astype(np.float64) @ fd.T, 1e-5, "f32 beside it")
 
 
+def moe_both(rng, fmt, down_fmt, E, K, M, route_fn=None):
+    """An MoE of E experts (H = I = 256), K per token, M tokens (route_fn may set the routing): the amx and
+    avx512 tables' outputs, the float64 reference, the experts used, the token count of each expert."""
+    g, gd = make_experts(rng, fmt, E, 256, 256)
+    u, ud = make_experts(rng, fmt, E, 256, 256)
+    d, dd = make_experts(rng, down_fmt, E, 256, 256)
+    x = rng.standard_normal((M, 256)).astype(np.float32)
+    ids, w = route(rng, M, E, K)
+    if route_fn:
+        route_fn(ids)
+    want = reference(x.astype(np.float64), ids, w, gd, ud, dd)
+    out, used = kernels.moe(x, ids, w, g, u, d, fmt, fmt, down_fmt, isa="amx")
+    out8, _ = kernels.moe(x, ids, w, g, u, d, fmt, fmt, down_fmt, isa="avx512")
+    return out, out8, want, used, np.bincount(ids.ravel(), minlength=E)
+
+
+def rms_error(out, want):
+    return float(np.sqrt(np.mean((out - want) ** 2)))
+
+
 @pytest.mark.parametrize("fmt,down_fmt", [("q5_k", "q6_k"), ("q8_0", "q8_0")])
 def test_moe_experts_on_tiles(fmt, down_fmt, rng):
     # 4 experts, 2 per token, 150 tokens: three experts have 64 tokens or more (tiles), expert 2 fewer (int8)
-    E, H, I, K, M = 4, 256, 256, 2, 150
-    g, gd = make_experts(rng, fmt, E, I, H)
-    u, ud = make_experts(rng, fmt, E, I, H)
-    d, dd = make_experts(rng, down_fmt, E, H, I)
-    x = rng.standard_normal((M, H)).astype(np.float32)
-    ids, w = route(rng, M, E, K)
-    t = np.arange(M)
-    ids[:, 0] = np.where(t < 20, 2, t % 2)  # experts 0 and 1: 65 tokens each, expert 2: 20
-    ids[:, 1] = 3  # expert 3: all 150
-    counts = np.bincount(ids.ravel(), minlength=E)
-    assert counts[2] < 64 and (np.delete(counts, 2) >= 64).all(), counts
-    want = reference(x.astype(np.float64), ids, w, gd, ud, dd)
-    out, used = kernels.moe(x, ids, w, g, u, d, fmt, fmt, down_fmt, isa="amx")
-    assert used == E
+    def experts_0_to_3(ids):
+        t = np.arange(len(ids))
+        ids[:, 0] = np.where(t < 20, 2, t % 2)  # experts 0 and 1: 65 tokens each, expert 2: 20
+        ids[:, 1] = 3  # expert 3: all 150
+
+    out, out8, want, used, counts = moe_both(rng, fmt, down_fmt, 4, 2, 150, experts_0_to_3)
+    assert used == 4 and counts[2] < 64 and (np.delete(counts, 2) >= 64).all(), counts
     # (two products in a row: the hidden rows' rounding carries into the down projection, 1-1.5e-2 for the
     # int8 paths and 0.6-1e-2 here, against test_moe's bound of 5e-2)
     check_close(out, want, 5e-2, f"moe {fmt}/{down_fmt} amx")
-    out8, _ = kernels.moe(x, ids, w, g, u, d, fmt, fmt, down_fmt, isa="avx512")
     # tokens 20 on met only tile experts: their RMS error well under the int8 paths'
-    rms = [float(np.sqrt(np.mean((o[20:] - want[20:]) ** 2))) for o in (out, out8)]
-    assert rms[0] < 0.8 * rms[1], rms
+    assert rms_error(out[20:], want[20:]) < 0.8 * rms_error(out8[20:], want[20:])
+
+
+@pytest.mark.parametrize("E,K", [(2, 2), (8, 8), (8, 7)])
+def test_moe_every_expert_on_tiles(E, K, rng):
+    # E experts, K per token, 70 tokens. K = E: every expert has all 70 (>= 64: no int8 activations are made);
+    # 8 experts: a task per expert, both phases in it (4 or more experts per thread); 7 of 8: about 61 tokens
+    # each, some experts on the tiles and some not
+    out, out8, want, used, counts = moe_both(rng, "q8_0", "q6_k", E, K, 70)
+    assert used == E
+    assert (counts >= 64).all() if K == E else ((counts >= 64).any() and (counts < 64).any()), counts
+    check_close(out, want, 5e-2, f"moe amx, {E} experts, {K} per token")
+    # (7 of 8: part of the work stays int8)
+    assert rms_error(out, want) < (0.8 if K == E else 1.0) * rms_error(out8, want)
 
 
 def test_the_shipped_model_on_tiles():
@@ -131,25 +155,3 @@ def test_the_shipped_model_on_tiles():
     check_close(out["amx"], out["avx512"], 0.1, "shipped model, amx against avx512")
     assert (out["amx"].argmax(-1) == out["avx512"].argmax(-1)).mean() >= 0.9
     assert not np.array_equal(out["amx"], out["avx512"])  # (the tiles did run)
-
-
-@pytest.mark.parametrize("E,K", [(2, 2), (8, 8), (8, 7)])
-def test_moe_every_expert_on_tiles(E, K, rng):
-    # E experts, K per token, 70 tokens. K = E: every expert has all 70 (>= 64: no int8 activations are made);
-    # 8 experts: a task per expert, both phases in it (4 or more experts per thread); 7 of 8: about 61 tokens
-    # each, some experts on the tiles and some not
-    H, I, M = 256, 256, 70
-    g, gd = make_experts(rng, "q8_0", E, I, H)
-    u, ud = make_experts(rng, "q8_0", E, I, H)
-    d, dd = make_experts(rng, "q6_k", E, H, I)
-    x = rng.standard_normal((M, H)).astype(np.float32)
-    ids, w = route(rng, M, E, K)
-    want = reference(x.astype(np.float64), ids, w, gd, ud, dd)
-    counts = np.bincount(ids.ravel(), minlength=E)
-    assert (counts >= 64).all() if K == E else ((counts >= 64).any() and (counts < 64).any()), counts
-    out, used = kernels.moe(x, ids, w, g, u, d, "q8_0", "q8_0", "q6_k", isa="amx")
-    assert used == E
-    check_close(out, want, 5e-2, f"moe amx, {E} experts, {K} per token")
-    out8, _ = kernels.moe(x, ids, w, g, u, d, "q8_0", "q8_0", "q6_k", isa="avx512")
-    rms = [float(np.sqrt(np.mean((o - want) ** 2))) for o in (out, out8)]
-    assert rms[0] < (0.8 if K == E else 1.0) * rms[1], rms  # (7 of 8: part of the work stays int8)
